@@ -1,0 +1,192 @@
+//! The commands, one library function each; `main.rs` only calls these.
+
+use std::io::{BufRead, Write};
+
+use anyhow::{bail, Context as _};
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
+use crate::config::{AmqpUrl, BrokerSettings, WorkerSettings};
+use crate::deliver::HttpDeliverer;
+use crate::outcome::SuccessRules;
+use crate::policy::{self, Backoff, RetryPolicy};
+use crate::publish::{prepare, Prepared, Publisher};
+use crate::topology::Topology;
+
+/// Confirms awaited at once while publishing a file.
+const PUBLISH_WINDOW: usize = 256;
+
+pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
+    BrokerSettings {
+        url: AmqpUrl::new(&g.amqp_url),
+        prefix: g.prefix.clone(),
+        queue_type: g.queue_type,
+        delay: Default::default(),
+    }
+}
+
+/// `redeliver run`.
+pub async fn run(g: &GlobalArgs, args: &RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let settings = worker_settings(args)?;
+    let handler = HttpDeliverer::new(args.timeout, settings.concurrency).context("building the HTTP client")?;
+    crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
+    Ok(())
+}
+
+pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
+    let policy = retry_policy(&args.policy)?;
+    Ok(WorkerSettings {
+        concurrency: args.concurrency.into(),
+        policy,
+        rules: SuccessRules {
+            permanent_status: args.permanent_status.clone(),
+            success_body: args.success_body.clone(),
+        },
+        max_message_bytes: args.max_message_bytes,
+        confirm_timeout: args.confirm_timeout,
+        shutdown_grace: args.shutdown_grace,
+    })
+}
+
+/// Builds and validates the policy; a delay beyond the exchange's limit is
+/// rejected here, at start, not at the first retry.
+pub fn retry_policy(p: &PolicyArgs) -> anyhow::Result<RetryPolicy> {
+    let backoff = match &p.schedule {
+        Some(s) => Backoff::Schedule(policy::parse_schedule(s).context("--schedule")?),
+        None => Backoff::Exponential {
+            initial: p.initial_delay,
+            factor: p.factor,
+            max: p.max_delay,
+            jitter: p.jitter,
+        },
+    };
+    let policy = RetryPolicy { max_attempts: p.max_attempts, backoff };
+    policy.validate().context("invalid retry policy")?;
+    Ok(policy)
+}
+
+/// `redeliver publish`: validates everything first, then publishes with
+/// confirms and prints each confirmed id on stdout.
+pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
+    let notifications = match &args.file {
+        Some(path) => read_lines(path, args.max_message_bytes)?,
+        None => vec![prepare(&single_json(args)?, args.max_message_bytes)?],
+    };
+    let broker = broker_settings(g);
+    let conn = broker
+        .url
+        .connect("redeliver publish")
+        .await
+        .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
+    let topology = Topology::new(&broker.prefix);
+    topology.declare(&conn.create_channel().await?, broker.queue_type, broker.delay).await?;
+    let publisher = Publisher::new(&conn, topology, broker.delay, std::time::Duration::from_secs(30)).await?;
+    let mut out = std::io::stdout().lock();
+    let mut confirmed = stream::iter(notifications.iter().map(|n| {
+        let publisher = &publisher;
+        async move { publisher.publish_new(n, args.delay).await.map(|_| n.id.as_str()) }
+    }))
+    .buffered(PUBLISH_WINDOW);
+    while let Some(id) = confirmed.try_next().await.context("publishing failed")? {
+        writeln!(out, "{id}")?;
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Prepared>> {
+    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        Box::new(std::io::BufReader::new(f))
+    };
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("{}: cannot read line {}", path.display(), i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let n = prepare(&line, max_bytes).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// The JSON object for `publish --url ...`.
+fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
+    let mut o = serde_json::Map::new();
+    o.insert("v".into(), crate::message::FORMAT_VERSION.into());
+    let url = a.url.as_deref().context("--url is required")?;
+    o.insert("url".into(), url.into());
+    let body = match (&a.body, &a.body_file) {
+        (Some(b), _) => Some(b.clone()),
+        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?),
+        (None, None) => None,
+    };
+    if let Some(b) = body {
+        let v: serde_json::Value = serde_json::from_str(&b).context("the body is not valid JSON")?;
+        o.insert("body".into(), v);
+    }
+    if let Some(id) = &a.id {
+        o.insert("id".into(), id.as_str().into());
+    }
+    let mut headers = serde_json::Map::new();
+    for h in &a.headers {
+        let Some((k, v)) = h.split_once(':') else { bail!("--header {h:?} is not `Name: value`") };
+        headers.insert(k.trim().into(), v.trim().into());
+    }
+    if !headers.is_empty() {
+        o.insert("headers".into(), headers.into());
+    }
+    if let Some(m) = &a.method {
+        o.insert("method".into(), m.as_str().into());
+    }
+    if let Some(n) = a.max_attempts {
+        o.insert("max_attempts".into(), n.into());
+    }
+    if let Some(s) = &a.schedule {
+        let entries: Vec<serde_json::Value> = s.split(',').map(|e| e.trim().into()).collect();
+        o.insert("schedule".into(), entries.into());
+    }
+    if let Some(s) = &a.success_body {
+        o.insert("success_body".into(), s.as_str().into());
+    }
+    Ok(serde_json::Value::Object(o).to_string())
+}
+
+/// Cancels the returned token on the first SIGINT or SIGTERM; a second
+/// signal exits at once (unacked messages return to the queue).
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        wait_signal().await;
+        tracing::info!("shutting down; a second signal exits at once");
+        t.cancel();
+        wait_signal().await;
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,143 @@
+//! The command line. Every option can also be set as `REDELIVER_*`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::DEFAULT_AMQP_URL;
+use crate::policy::Jitter;
+use crate::topology::QueueType;
+
+#[derive(Debug, Parser)]
+#[command(name = "redeliver", version, about = "Reliable HTTP notification delivery over RabbitMQ", long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// Broker URL (amqp:// or amqps://). The password is never printed.
+    #[arg(long, global = true, env = "REDELIVER_AMQP_URL", hide_env_values = true, default_value = DEFAULT_AMQP_URL)]
+    pub amqp_url: String,
+    /// Prefix of every exchange and queue name (<prefix>.work, <prefix>.dead, ...).
+    #[arg(long, global = true, env = "REDELIVER_PREFIX", default_value = "redeliver")]
+    pub prefix: String,
+    /// Type of the work queue when it is first declared.
+    #[arg(long, global = true, env = "REDELIVER_QUEUE_TYPE", value_enum, default_value = "quorum")]
+    pub queue_type: QueueType,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume the work queue and deliver notifications over HTTP.
+    Run(RunArgs),
+    /// Publish notifications (one from flags, or JSON lines from a file).
+    Publish(PublishArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Most deliveries in flight in this process (also the AMQP prefetch).
+    #[arg(long, env = "REDELIVER_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+    /// Timeout of one HTTP attempt.
+    #[arg(long, env = "REDELIVER_TIMEOUT", default_value = "15s", value_parser = duration)]
+    pub timeout: Duration,
+    /// A 2xx counts as success only if the trimmed response body equals this.
+    #[arg(long, env = "REDELIVER_SUCCESS_BODY")]
+    pub success_body: Option<String>,
+    /// HTTP statuses that dead-letter at once, without retrying.
+    #[arg(long, env = "REDELIVER_PERMANENT_STATUS", value_delimiter = ',', default_value = "410")]
+    pub permanent_status: Vec<u16>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Messages larger than this are dead-lettered as invalid.
+    #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+    /// How long to wait for the broker to confirm a retry or dead-letter.
+    #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub confirm_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
+    #[arg(long, env = "REDELIVER_SHUTDOWN_GRACE", default_value = "30s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// The retry policy: an explicit schedule, or exponential backoff.
+#[derive(Debug, Args, Clone)]
+pub struct PolicyArgs {
+    /// Every delivery counts, the first included.
+    #[arg(long, env = "REDELIVER_MAX_ATTEMPTS", default_value_t = crate::policy::DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: u32,
+    /// Explicit delays: retry n waits the n-th entry, the last one repeats
+    /// (e.g. 15s,15s,30s,3m,10m,20m,30m,30m,30m,60m,3h,3h,3h,6h,6h).
+    #[arg(long, env = "REDELIVER_SCHEDULE", conflicts_with_all = ["initial_delay", "factor", "max_delay", "jitter"])]
+    pub schedule: Option<String>,
+    /// Exponential backoff (used when no --schedule is given).
+    #[arg(long, env = "REDELIVER_BACKOFF", value_enum, default_value = "exponential")]
+    pub backoff: BackoffKind,
+    /// Exponential: the first retry's delay.
+    #[arg(long, env = "REDELIVER_INITIAL_DELAY", default_value = "10s", value_parser = duration)]
+    pub initial_delay: Duration,
+    /// Exponential: the growth factor per retry.
+    #[arg(long, env = "REDELIVER_FACTOR", default_value_t = 2.0)]
+    pub factor: f64,
+    /// Exponential: the largest delay (also caps Retry-After).
+    #[arg(long, env = "REDELIVER_MAX_DELAY", default_value = "1h", value_parser = duration)]
+    pub max_delay: Duration,
+    /// Exponential: AWS-style jitter.
+    #[arg(long, env = "REDELIVER_JITTER", value_enum, default_value = "equal")]
+    pub jitter: Jitter,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackoffKind {
+    Exponential,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct PublishArgs {
+    /// Target URL (http or https).
+    #[arg(long, env = "REDELIVER_PUBLISH_URL", required_unless_present = "file", conflicts_with = "file")]
+    pub url: Option<String>,
+    /// JSON request body.
+    #[arg(long, conflicts_with_all = ["body_file", "file"])]
+    pub body: Option<String>,
+    /// Read the JSON request body from a file.
+    #[arg(long, conflicts_with = "file")]
+    pub body_file: Option<PathBuf>,
+    /// Notification id (default: a new UUID). Receivers deduplicate on it.
+    #[arg(long, conflicts_with = "file")]
+    pub id: Option<String>,
+    /// Extra request header, `Name: value`; repeatable.
+    #[arg(long = "header", value_name = "K:V", conflicts_with = "file")]
+    pub headers: Vec<String>,
+    /// HTTP method (default POST).
+    #[arg(long, conflicts_with = "file")]
+    pub method: Option<String>,
+    /// Per-notification max attempts.
+    #[arg(long, conflicts_with = "file")]
+    pub max_attempts: Option<u64>,
+    /// Per-notification schedule, e.g. 1s,5s,30s.
+    #[arg(long, conflicts_with = "file")]
+    pub schedule: Option<String>,
+    /// Per-notification expected response body.
+    #[arg(long, conflicts_with = "file")]
+    pub success_body: Option<String>,
+    /// Delay the first delivery (sent through the retry exchange).
+    #[arg(long, value_parser = duration)]
+    pub delay: Option<Duration>,
+    /// JSON lines, one notification object per line; `-` reads stdin.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Largest notification accepted.
+    #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    crate::policy::parse_duration(s).map_err(|e| e.to_string())
+}

@@ -1,0 +1,112 @@
+//! Settings shared by the commands, and the AMQP URL, which never prints
+//! its password.
+
+use std::fmt;
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+use crate::delay::DelayBackend;
+use crate::message::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::outcome::SuccessRules;
+use crate::policy::RetryPolicy;
+use crate::topology::QueueType;
+
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// An AMQP URL whose `Debug` and `Display` hide the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AmqpUrl(String);
+
+impl AmqpUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        AmqpUrl(url.into())
+    }
+
+    /// The real URL, for connecting only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+
+    pub async fn connect(&self, name: &str) -> Result<Connection, lapin::Error> {
+        let props = ConnectionProperties::default().with_connection_name(name.into());
+        Connection::connect(&self.0, props).await
+    }
+}
+
+impl fmt::Debug for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AmqpUrl({})", self.redacted())
+    }
+}
+
+impl fmt::Display for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Replaces the password in `scheme://user:password@host` with `***`.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => "<unparsable url>".to_string(),
+    }
+}
+
+/// Broker-side settings common to every command.
+#[derive(Clone, Debug)]
+pub struct BrokerSettings {
+    pub url: AmqpUrl,
+    pub prefix: String,
+    pub queue_type: QueueType,
+    pub delay: DelayBackend,
+}
+
+/// How a worker delivers and decides.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Most deliveries in flight in this process; also the prefetch.
+    pub concurrency: usize,
+    pub policy: RetryPolicy,
+    pub rules: SuccessRules,
+    pub max_message_bytes: usize,
+    /// How long to wait for a publisher confirm before giving up (and nacking).
+    pub confirm_timeout: Duration,
+    /// On shutdown, how long in-flight deliveries may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            concurrency: 32,
+            policy: RetryPolicy::default(),
+            rules: SuccessRules::default(),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            confirm_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        let u = AmqpUrl::new("amqp://user:s3cret@host:5672/%2f");
+        assert!(!format!("{u} {u:?}").contains("s3cret"));
+        assert!(u.redacted().contains("user:***@host"));
+        assert_eq!(redact_url("not a url"), "<unparsable url>");
+    }
+}

@@ -1,0 +1,55 @@
+//! The delay seam: how a message is made to wait before it reaches the
+//! work queue again. Everything else in redeliver only asks this module for
+//! "publish here, with these headers"; a plugin-free backend slots in here.
+
+use lapin::options::ExchangeDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, ExchangeKind};
+
+use crate::state::H_DELAY;
+use crate::topology::{classify, Topology, TopologyError};
+
+/// Where a delayed message is published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelayedRoute {
+    pub exchange: String,
+    pub routing_key: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DelayBackend {
+    /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
+    #[default]
+    Plugin,
+}
+
+impl DelayBackend {
+    pub(crate) async fn declare(self, ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
+        match self {
+            DelayBackend::Plugin => {
+                let mut args = FieldTable::default();
+                // x-delayed-type: direct; the exchange routes like a direct
+                // exchange once the delay is over (key = work queue name).
+                args.insert("x-delayed-type".into(), AMQPValue::LongString("direct".into()));
+                let opts = ExchangeDeclareOptions { durable: true, ..Default::default() };
+                ch.exchange_declare(t.retry.as_str().into(), ExchangeKind::Custom("x-delayed-message".into()), opts, args)
+                    .await
+                    .map_err(|e| classify("exchange", &t.retry, e))
+            }
+        }
+    }
+
+    /// Sets the delay on `headers` and says where to publish. The route
+    /// reaches the work queue only, never other queues bound to the intake.
+    /// The caller must not set `mandatory`: the plugin returns every
+    /// delayed message as unroutable at publish time.
+    pub fn route(self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+        match self {
+            DelayBackend::Plugin => {
+                // x-delay: milliseconds to hold the message, as an integer.
+                headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
+                DelayedRoute { exchange: t.retry.clone(), routing_key: t.work.clone() }
+            }
+        }
+    }
+}

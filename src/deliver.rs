@@ -1,0 +1,145 @@
+//! HTTP delivery: one attempt of one notification, turned into an
+//! [`AttemptResult`]. No retry logic here.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+
+use crate::message::Notification;
+use crate::outcome::AttemptResult;
+
+/// Response bodies are read up to this size (for the success-body rule).
+const MAX_RESPONSE_BODY: usize = 64 * 1024;
+pub const USER_AGENT_VALUE: &str = concat!("redeliver/", env!("CARGO_PKG_VERSION"));
+/// The attempt-number request header (1 on the first delivery).
+pub const ATTEMPT_HEADER: &str = "redeliver-attempt";
+
+/// Delivers a notification. Implement this to embed the worker with your
+/// own transport instead of HTTP.
+pub trait DeliveryHandler: Send + Sync + 'static {
+    /// `attempt` is 1-based and counts every delivery of this notification.
+    fn deliver(&self, n: &Notification, attempt: u32) -> impl Future<Output = AttemptResult> + Send;
+}
+
+/// The HTTP handler: pooled connections, no redirects, a per-attempt timeout.
+#[derive(Clone, Debug)]
+pub struct HttpDeliverer {
+    client: reqwest::Client,
+    timeout: Duration,
+}
+
+impl HttpDeliverer {
+    pub fn new(timeout: Duration, concurrency: usize) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            // A receiver's redirect is its answer, not an instruction to
+            // deliver the payload somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(timeout)
+            .pool_max_idle_per_host(concurrency)
+            .build()?;
+        Ok(HttpDeliverer { client, timeout })
+    }
+
+    fn headers(n: &Notification, attempt: u32) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in &n.headers {
+            // Validated when decoded; anything odd is skipped, not a panic.
+            if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+                h.insert(k, v);
+            }
+        }
+        if n.body.is_some() && !h.contains_key(CONTENT_TYPE) {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let ours = [
+            ("webhook-id", n.id.clone()),
+            ("webhook-timestamp", now.as_secs().to_string()),
+            (ATTEMPT_HEADER, attempt.to_string()),
+        ];
+        for (k, v) in ours {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(HeaderName::from_static(k), v);
+            }
+        }
+        h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        h
+    }
+}
+
+impl DeliveryHandler for HttpDeliverer {
+    async fn deliver(&self, n: &Notification, attempt: u32) -> AttemptResult {
+        let mut req = self.client.request(n.method.clone(), n.url.clone()).headers(Self::headers(n, attempt));
+        if let Some(body) = &n.body {
+            req = req.body(body.get().to_owned());
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return AttemptResult::Failed { error: describe(&e, self.timeout) },
+        };
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+        let body = match read_capped(resp).await {
+            Ok(b) => b,
+            Err(e) => return AttemptResult::Failed { error: describe(&e, self.timeout) },
+        };
+        AttemptResult::Response { status, body, retry_after }
+    }
+}
+
+async fn read_capped(mut resp: reqwest::Response) -> Result<String, reqwest::Error> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = MAX_RESPONSE_BODY - buf.len();
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if buf.len() >= MAX_RESPONSE_BODY {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// An error without the URL (it may carry credentials or tokens), with its
+/// causes, so "connection refused" is visible rather than "error sending request".
+fn describe(e: &reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() {
+        return format!("timed out after {}", humantime::format_duration(timeout));
+    }
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if let Some(url) = e.url() {
+        s = s.replace(url.as_str(), "<url>");
+    }
+    s
+}
+
+/// `Retry-After` is either delay-seconds or an HTTP date.
+pub fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(100));
+        let d = parse_retry_after(&later).unwrap();
+        assert!(d > Duration::from_secs(95) && d <= Duration::from_secs(100));
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+}

@@ -1,0 +1,29 @@
+//! redeliver: reliable HTTP notification delivery over RabbitMQ.
+//!
+//! The path of a notification, one module per stage:
+//! [`publish`] → [`topology`] → [`worker`] (consume, bounded concurrency) →
+//! [`process`] (one delivery's stages) → [`deliver`] (HTTP) →
+//! [`outcome`] (retry or not) → [`retry`] (the decision) with
+//! [`policy`] (how long to wait) → [`delay`] (how the wait is done).
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod delay;
+pub mod deliver;
+pub mod message;
+pub mod outcome;
+pub mod policy;
+pub mod process;
+pub mod publish;
+pub mod retry;
+pub mod state;
+pub mod telemetry;
+pub mod topology;
+pub mod worker;
+
+pub use config::{AmqpUrl, BrokerSettings, WorkerSettings};
+pub use deliver::{DeliveryHandler, HttpDeliverer};
+pub use message::Notification;
+pub use outcome::AttemptResult;
+pub use worker::run;

@@ -1,0 +1,122 @@
+//! One delivery's path through the worker, in stages:
+//! decode → deliver → classify → decide → settle (republish, then ack).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::FieldTable;
+use tracing::{info, warn};
+
+use crate::config::WorkerSettings;
+use crate::deliver::DeliveryHandler;
+use crate::message::{self, InvalidMessage, Notification};
+use crate::outcome::{classify, Classified};
+use crate::policy::{Backoff, RetryPolicy};
+use crate::publish::{PublishError, Publisher};
+use crate::retry::{decide, Action, DeadReason};
+use crate::state::{self, AttemptRecord, RetryState};
+
+/// What every delivery task shares.
+pub struct Context<H> {
+    pub handler: H,
+    pub publisher: Publisher,
+    pub settings: WorkerSettings,
+}
+
+/// Processes one delivery to the end: it is acked only after any republish
+/// was confirmed, and nacked (requeued) when that republish failed.
+pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
+    let headers = d.properties.headers().as_ref();
+    let decoded = RetryState::from_headers(headers).and_then(|st| {
+        let fallback = st.id.clone().or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
+        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref()).map(|n| (n, st))
+    });
+    let settled = match decoded {
+        Ok((n, st)) => attempt(&ctx, &d, n, st).await,
+        Err(e) => dead_letter_invalid(&ctx, &d, &e).await,
+    };
+    let result = match settled {
+        Ok(()) => d.acker.ack(BasicAckOptions::default()).await,
+        Err(e) => {
+            warn!(error = %e, "republish not confirmed; requeueing the original");
+            d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await
+        }
+    };
+    if let Err(e) = result {
+        warn!(error = %e, "ack/nack failed; the broker will redeliver");
+    }
+}
+
+/// Deliver once, decide, and republish when needed. `Ok` means: ack it.
+async fn attempt<H: DeliveryHandler>(ctx: &Context<H>, d: &Delivery, n: Notification, mut st: RetryState) -> Result<(), PublishError> {
+    st.id = Some(n.id.clone());
+    let attempt = st.attempts.saturating_add(1);
+    let (at_ms, started) = (now_ms(), Instant::now());
+    let result = ctx.handler.deliver(&n, attempt).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let c = classify(&result, &ctx.settings.rules, n.success_body.as_deref());
+    let action = decide(&c, attempt, &effective_policy(&ctx.settings.policy, &n), &mut rand::rng());
+    let delay_ms = match action {
+        Action::Retry { delay } => Some(delay.as_millis() as u64),
+        _ => None,
+    };
+    st.record(&AttemptRecord { attempt, at_ms, duration_ms, classified: &c, delay_ms });
+    log_attempt(&n, attempt, &c, &action, duration_ms);
+    let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
+    match action {
+        Action::Ack => Ok(()),
+        Action::Retry { delay } => ctx.publisher.retry(&d.data, d.properties.clone(), headers, delay).await,
+        Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason).await,
+    }
+}
+
+/// Invalid messages keep their original bytes and headers, plus the reason.
+async fn dead_letter_invalid<H>(ctx: &Context<H>, d: &Delivery, e: &InvalidMessage) -> Result<(), PublishError> {
+    warn!(error = %e, "invalid message; dead-lettering it");
+    let mut headers = d.properties.headers().clone().unwrap_or_default();
+    state::set_last(&mut headers, None, Some(&e.to_string()));
+    dead_letter(ctx, d, headers, DeadReason::Invalid).await
+}
+
+async fn dead_letter<H>(ctx: &Context<H>, d: &Delivery, mut headers: FieldTable, reason: DeadReason) -> Result<(), PublishError> {
+    state::mark_dead(&mut headers, reason.as_str(), now_ms());
+    let props = d.properties.clone().with_headers(headers).with_delivery_mode(2);
+    ctx.publisher.dead_letter(&d.data, props).await
+}
+
+/// Per-notification overrides win over the worker's policy.
+fn effective_policy(base: &RetryPolicy, n: &Notification) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: n.max_attempts.unwrap_or(base.max_attempts),
+        backoff: match &n.schedule {
+            Some(s) => Backoff::Schedule(s.clone()),
+            None => base.backoff.clone(),
+        },
+    }
+}
+
+fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, duration_ms: u64) {
+    let (outcome, delay_ms, reason) = match action {
+        Action::Ack => ("delivered", None, None),
+        Action::Retry { delay } => ("retry", Some(delay.as_millis() as u64), None),
+        Action::DeadLetter { reason } => ("dead", None, Some(reason.as_str())),
+    };
+    info!(
+        id = %n.id,
+        attempt,
+        host = n.url.host_str().unwrap_or(""),
+        status = c.status,
+        duration_ms,
+        outcome,
+        delay_ms,
+        reason,
+        error = c.error.as_deref(),
+        "attempt"
+    );
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

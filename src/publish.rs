@@ -1,0 +1,149 @@
+//! Publishing with publisher confirms: new notifications, retries and dead
+//! letters. Nothing is reported as published until the broker confirmed it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use serde_json::value::RawValue;
+
+use crate::delay::DelayBackend;
+use crate::message::{self, InvalidMessage};
+use crate::topology::Topology;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker refused the message (nack)")]
+    Nacked,
+    #[error("the message was not routed to any queue (is the topology declared?)")]
+    Unroutable,
+    #[error("no publisher confirm within {0:?}")]
+    ConfirmTimeout(Duration),
+    #[error("invalid notification: {0}")]
+    Invalid(#[from] InvalidMessage),
+}
+
+/// A confirm-mode channel plus where things go.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+    topology: Topology,
+    delay: DelayBackend,
+    confirm_timeout: Duration,
+}
+
+impl Publisher {
+    pub async fn new(conn: &Connection, topology: Topology, delay: DelayBackend, confirm_timeout: Duration) -> Result<Self, lapin::Error> {
+        let channel = conn.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(Publisher { channel, topology, delay, confirm_timeout })
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Publishes a prepared notification: to the intake exchange, or with a
+    /// `delay` straight to the work queue through the delay mechanism.
+    pub async fn publish_new(&self, n: &Prepared, delay: Option<Duration>) -> Result<(), PublishError> {
+        let props = notification_properties(&n.id);
+        match delay {
+            None => self.confirmed(&self.topology.intake, "", true, &n.payload, props).await,
+            Some(d) => {
+                let mut headers = FieldTable::default();
+                self.delayed(&n.payload, props, &mut headers, d).await
+            }
+        }
+    }
+
+    /// Republishes a failed delivery to wait `delay` before its next attempt.
+    pub async fn retry(&self, payload: &[u8], props: BasicProperties, mut headers: FieldTable, delay: Duration) -> Result<(), PublishError> {
+        self.delayed(payload, props, &mut headers, delay).await
+    }
+
+    async fn delayed(&self, payload: &[u8], props: BasicProperties, headers: &mut FieldTable, delay: Duration) -> Result<(), PublishError> {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        let route = self.delay.route(&self.topology, ms, headers);
+        let props = props.with_headers(std::mem::take(headers));
+        self.confirmed(&route.exchange, &route.routing_key, false, payload, props).await
+    }
+
+    /// Publishes to the dead-letter queue (default exchange, mandatory, so a
+    /// missing queue is an error rather than a silent drop).
+    pub async fn dead_letter(&self, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
+        self.confirmed("", &self.topology.dead, true, payload, props).await
+    }
+
+    /// Publishes to the work queue only (used by replay).
+    pub async fn to_work_queue(&self, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
+        self.confirmed("", &self.topology.work, true, payload, props).await
+    }
+
+    async fn confirmed(&self, exchange: &str, key: &str, mandatory: bool, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
+        let opts = BasicPublishOptions { mandatory, ..Default::default() };
+        let publish = async {
+            let confirm = self.channel.basic_publish(exchange.into(), key.into(), opts, payload, props).await?;
+            Ok::<_, lapin::Error>(confirm.await?)
+        };
+        match tokio::time::timeout(self.confirm_timeout, publish).await {
+            Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
+            Ok(Err(e)) => Err(e.into()),
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(_)))) => Err(PublishError::Unroutable),
+            Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Nacked),
+            Ok(Ok(Confirmation::NotRequested)) => Ok(()),
+        }
+    }
+}
+
+/// Persistent JSON with the notification id as the AMQP message-id.
+pub fn notification_properties(id: &str) -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        // delivery_mode 2: persistent, written to disk by the queue.
+        .with_delivery_mode(2)
+        .with_message_id(id.into())
+}
+
+/// A validated notification ready to publish: its id and exact bytes.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub id: String,
+    pub payload: Vec<u8>,
+}
+
+/// Validates one JSON notification and assigns an id when it has none.
+/// Every other field keeps its exact JSON text.
+pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage> {
+    let mut fields: BTreeMap<String, Box<RawValue>> =
+        serde_json::from_str(json).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+    if !fields.contains_key("id") {
+        let id = serde_json::to_string(&uuid::Uuid::new_v4().to_string()).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+        let raw = RawValue::from_string(id).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+        fields.insert("id".into(), raw);
+    }
+    let payload = serde_json::to_vec(&fields).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+    let n = message::decode(&payload, max_bytes, None)?;
+    Ok(Prepared { id: n.id, payload })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_assigns_an_id_and_keeps_fields_exact() {
+        let p = prepare(r#"{"url":"http://a/","body":{"x": 1.50}}"#, 1 << 20).unwrap();
+        let text = String::from_utf8(p.payload).unwrap();
+        assert!(text.contains(&format!(r#""id":"{}""#, p.id)));
+        assert!(text.contains(r#""body":{"x": 1.50}"#));
+        let kept = prepare(r#"{"url":"http://a/","id":"mine"}"#, 1 << 20).unwrap();
+        assert_eq!(kept.id, "mine");
+        assert!(prepare(r#"{"url":"gopher://a/"}"#, 1 << 20).is_err());
+        assert!(prepare("[]", 1 << 20).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Retry state carried in AMQP headers, never in the body: the attempt
+//! count, timestamps, the last result and a bounded attempt history.
+
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+
+use crate::message::InvalidMessage;
+use crate::outcome::Classified;
+
+pub const H_ATTEMPT: &str = "redeliver-attempt";
+pub const H_ID: &str = "redeliver-id";
+pub const H_FIRST_AT: &str = "redeliver-first-attempt-at";
+pub const H_LAST_STATUS: &str = "redeliver-last-status";
+pub const H_LAST_ERROR: &str = "redeliver-last-error";
+pub const H_HISTORY: &str = "redeliver-history";
+pub const H_DEAD_REASON: &str = "redeliver-dead-reason";
+pub const H_DEAD_AT: &str = "redeliver-dead-at";
+pub const H_DELAY: &str = "x-delay";
+
+/// Errors are cut to this many characters in headers.
+pub const MAX_ERROR_CHARS: usize = 512;
+/// Only the most recent attempts are kept, so headers stay small.
+pub const MAX_HISTORY: usize = 25;
+
+/// What the headers say about earlier attempts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RetryState {
+    /// Attempts already made before this delivery.
+    pub attempts: u32,
+    pub first_attempt_at: Option<i64>,
+    pub id: Option<String>,
+    history: Vec<AMQPValue>,
+}
+
+/// One attempt, as recorded in the history and the `last-*` headers.
+#[derive(Clone, Debug)]
+pub struct AttemptRecord<'a> {
+    pub attempt: u32,
+    pub at_ms: i64,
+    pub duration_ms: u64,
+    pub classified: &'a Classified,
+    pub delay_ms: Option<u64>,
+}
+
+impl RetryState {
+    /// Reads the state; a header of the wrong type is a tampered message.
+    pub fn from_headers(h: Option<&FieldTable>) -> Result<Self, InvalidMessage> {
+        let Some(h) = h else { return Ok(Self::default()) };
+        let m = h.inner();
+        let attempts = match m.get(H_ATTEMPT) {
+            None => 0,
+            Some(v) => int(v)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| InvalidMessage::BadState(H_ATTEMPT, format!("{v:?}")))?,
+        };
+        let first_attempt_at = match m.get(H_FIRST_AT) {
+            None => None,
+            Some(v) => Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, format!("{v:?}")))?),
+        };
+        let id = m.get(H_ID).and_then(string);
+        let history = match m.get(H_HISTORY) {
+            Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
+            _ => Vec::new(),
+        };
+        Ok(RetryState { attempts, first_attempt_at, id, history })
+    }
+
+    /// Adds one attempt to the state.
+    pub fn record(&mut self, r: &AttemptRecord<'_>) {
+        self.attempts = r.attempt;
+        self.first_attempt_at.get_or_insert(r.at_ms);
+        let mut e = FieldTable::default();
+        e.insert("attempt".into(), AMQPValue::LongLongInt(r.attempt.into()));
+        e.insert("at".into(), AMQPValue::LongLongInt(r.at_ms));
+        e.insert("duration_ms".into(), AMQPValue::LongLongInt(r.duration_ms as i64));
+        if let Some(s) = r.classified.status {
+            e.insert("status".into(), AMQPValue::LongInt(s.into()));
+        }
+        if let Some(err) = &r.classified.error {
+            e.insert("error".into(), long_string(truncate(err, 200)));
+        }
+        if let Some(d) = r.delay_ms {
+            e.insert("delay_ms".into(), AMQPValue::LongLongInt(d as i64));
+        }
+        self.history.push(AMQPValue::FieldTable(e));
+        let excess = self.history.len().saturating_sub(MAX_HISTORY);
+        self.history.drain(..excess);
+    }
+
+    /// The original headers with this state written over them.
+    pub fn to_headers(&self, original: Option<&FieldTable>, last: Option<&Classified>) -> FieldTable {
+        let mut h = original.cloned().unwrap_or_default();
+        h.insert(H_ATTEMPT.into(), AMQPValue::LongLongInt(self.attempts.into()));
+        if let Some(at) = self.first_attempt_at {
+            h.insert(H_FIRST_AT.into(), AMQPValue::LongLongInt(at));
+        }
+        if let Some(id) = &self.id {
+            h.insert(H_ID.into(), long_string(id));
+        }
+        if let Some(c) = last {
+            set_last(&mut h, c.status, c.error.as_deref());
+        }
+        h.insert(H_HISTORY.into(), AMQPValue::FieldArray(FieldArray::from(self.history.clone())));
+        h
+    }
+}
+
+/// Records the last status and error (or clears a stale status).
+pub fn set_last(h: &mut FieldTable, status: Option<u16>, error: Option<&str>) {
+    let mut m = std::mem::take(h).inner().clone();
+    m.remove(H_LAST_STATUS);
+    *h = FieldTable::from(m);
+    if let Some(s) = status {
+        h.insert(H_LAST_STATUS.into(), AMQPValue::LongInt(s.into()));
+    }
+    if let Some(e) = error {
+        h.insert(H_LAST_ERROR.into(), long_string(truncate(e, MAX_ERROR_CHARS)));
+    }
+}
+
+/// Marks headers as dead-lettered.
+pub fn mark_dead(h: &mut FieldTable, reason: &str, now_ms: i64) {
+    h.insert(H_DEAD_REASON.into(), long_string(reason));
+    h.insert(H_DEAD_AT.into(), AMQPValue::LongLongInt(now_ms));
+}
+
+pub fn truncate(s: &str, max_chars: usize) -> &str {
+    match s.char_indices().nth(max_chars) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+pub fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// Any AMQP integer type.
+pub fn int(v: &AMQPValue) -> Option<i64> {
+    Some(match v {
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => *n,
+        _ => return None,
+    })
+}
+
+pub fn string(v: &AMQPValue) -> Option<String> {
+    match v {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+/// Header lookup by name.
+pub fn get<'a>(h: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
+    h.and_then(|h| h.inner().get(&ShortString::from(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Verdict;
+
+    #[test]
+    fn state_round_trips_through_headers() {
+        let c = Classified { verdict: Verdict::Retryable, status: Some(500), error: Some("HTTP 500".into()), retry_after: None };
+        let mut s = RetryState::from_headers(None).unwrap();
+        for attempt in 1..=30 {
+            s.record(&AttemptRecord { attempt, at_ms: 1000 + attempt as i64, duration_ms: 5, classified: &c, delay_ms: Some(10) });
+        }
+        let mut orig = FieldTable::default();
+        orig.insert("keep".into(), long_string("me"));
+        let h = s.to_headers(Some(&orig), Some(&c));
+        let back = RetryState::from_headers(Some(&h)).unwrap();
+        assert_eq!(back.attempts, 30);
+        assert_eq!(back.first_attempt_at, Some(1001));
+        assert_eq!(back.history.len(), MAX_HISTORY);
+        assert_eq!(get(Some(&h), "keep").and_then(string).as_deref(), Some("me"));
+        assert_eq!(get(Some(&h), H_LAST_STATUS).and_then(int), Some(500));
+    }
+
+    #[test]
+    fn tampered_headers_are_invalid() {
+        let mut h = FieldTable::default();
+        h.insert(H_ATTEMPT.into(), long_string("three"));
+        assert!(RetryState::from_headers(Some(&h)).is_err());
+        let mut h = FieldTable::default();
+        h.insert(H_ATTEMPT.into(), AMQPValue::LongLongInt(-1));
+        assert!(RetryState::from_headers(Some(&h)).is_err());
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("héllo", 2), "hé");
+        assert_eq!(truncate("hi", 10), "hi");
+    }
+}

@@ -1,0 +1,124 @@
+//! Exchanges, queues and bindings under one prefix, declared idempotently
+//! by every command that needs them.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, ExchangeKind};
+
+use crate::delay::DelayBackend;
+
+/// Queue type of the work queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueType {
+    /// Replicated, fsync'd Raft log: the safe default.
+    Quorum,
+    /// Classic durable queue.
+    Classic,
+}
+
+/// The names derived from `--prefix`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub prefix: String,
+    /// Fanout exchange producers publish new notifications to.
+    pub intake: String,
+    /// Delayed exchange failed notifications are republished to.
+    pub retry: String,
+    /// Queue the workers consume; bound to both exchanges.
+    pub work: String,
+    /// Dead letters with their history.
+    pub dead: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error(
+        "the broker has no `x-delayed-message` exchange type: enable the \
+         rabbitmq_delayed_message_exchange plugin \
+         (`rabbitmq-plugins enable rabbitmq_delayed_message_exchange`), \
+         or for development start the local broker with `tests/broker/ctl up`"
+    )]
+    DelayedExchangeMissing,
+    #[error("{what} {name:?} exists with different settings ({detail}); delete it or use another --prefix")]
+    Mismatch { what: &'static str, name: String, detail: String },
+    #[error("declaring {what} {name:?} failed: {source}")]
+    Amqp { what: &'static str, name: String, source: lapin::Error },
+}
+
+impl Topology {
+    pub fn new(prefix: &str) -> Self {
+        Topology {
+            prefix: prefix.to_string(),
+            intake: format!("{prefix}.notifications"),
+            retry: format!("{prefix}.retry"),
+            work: format!("{prefix}.work"),
+            dead: format!("{prefix}.dead"),
+        }
+    }
+
+    /// Declares everything. A broker-side error closes the channel, so each
+    /// call gets a channel of its own from the caller on failure.
+    pub async fn declare(&self, ch: &Channel, queue_type: QueueType, delay: DelayBackend) -> Result<(), TopologyError> {
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        ch.exchange_declare(self.intake.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
+            .await
+            .map_err(|e| classify("exchange", &self.intake, e))?;
+        delay.declare(ch, self).await?;
+        let q = QueueDeclareOptions { durable: true, ..Default::default() };
+        ch.queue_declare(self.work.as_str().into(), q, work_args(queue_type))
+            .await
+            .map_err(|e| classify("queue", &self.work, e))?;
+        ch.queue_declare(self.dead.as_str().into(), q, dead_args())
+            .await
+            .map_err(|e| classify("queue", &self.dead, e))?;
+        self.bind(ch, &self.intake, "").await?;
+        self.bind(ch, &self.retry, &self.work).await
+    }
+
+    async fn bind(&self, ch: &Channel, exchange: &str, key: &str) -> Result<(), TopologyError> {
+        ch.queue_bind(
+            self.work.as_str().into(),
+            exchange.into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("binding to", exchange, e))
+    }
+}
+
+fn work_args(queue_type: QueueType) -> FieldTable {
+    let mut a = FieldTable::default();
+    let t = match queue_type {
+        QueueType::Quorum => "quorum",
+        QueueType::Classic => "classic",
+    };
+    // x-queue-type: quorum replicates and fsyncs every enqueue before confirming.
+    a.insert("x-queue-type".into(), AMQPValue::LongString(t.into()));
+    a
+}
+
+/// The dead-letter queue is classic: it is browsed by consuming without
+/// acking, and a classic queue requeues in order without adding headers.
+fn dead_args() -> FieldTable {
+    let mut a = FieldTable::default();
+    a.insert("x-queue-type".into(), AMQPValue::LongString("classic".into()));
+    // x-queue-mode: lazy keeps a large backlog of dead letters on disk, not in RAM.
+    a.insert("x-queue-mode".into(), AMQPValue::LongString("lazy".into()));
+    a
+}
+
+/// Turns the broker's refusals into sentences an operator can act on.
+pub(crate) fn classify(what: &'static str, name: &str, e: lapin::Error) -> TopologyError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+        let text = amqp.get_message().as_str().to_string();
+        if text.contains("x-delayed-message") && (text.contains("unknown exchange type") || text.contains("invalid")) {
+            return TopologyError::DelayedExchangeMissing;
+        }
+        if text.contains("PRECONDITION_FAILED") || text.contains("inequivalent") {
+            return TopologyError::Mismatch { what, name: name.to_string(), detail: text };
+        }
+    }
+    TopologyError::Amqp { what, name: name.to_string(), source: e }
+}

@@ -1,0 +1,214 @@
+%% Durable store and scheduler for held `x-delayed-message` messages.
+%%
+%% Held messages live in an append-only log under the node's data directory
+%% and in an ordered ETS index keyed by {DueMs, Seq}. Writes are group
+%% committed: every hold/3 caller waits for the fsync of the batch that
+%% carries its message, so the channel confirms only what is on disk.
+%%
+%% A due message is routed without confirmation (like the upstream plugin),
+%% so its tombstone is written only TOMBSTONE_GRACE_MS later: a node crash
+%% inside that window re-routes it after restart (a duplicate, never a loss).
+-module(redeliver_delayed_store).
+-behaviour(gen_server).
+
+-include_lib("rabbit_common/include/rabbit.hrl").
+
+-export([start_link/0, hold/3, drop_exchange/1, held_count/0, routing_now/0]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2,
+         code_change/3]).
+
+-define(SERVER, ?MODULE).
+-define(INDEX, redeliver_delayed_index).
+-define(ROUTING_NOW, redeliver_delayed_routing_now).
+-define(TOMBSTONE_GRACE_MS, 5000).
+-define(TOMBSTONE_EVERY_MS, 1000).
+%% Queues (quorum leaders especially) need a moment after boot before a
+%% stateless delivery to them sticks.
+-define(BOOT_GRACE_MS, 1500).
+-define(MAX_TIMER_MS, 60000).
+-define(COMPACT_MIN_DEAD, 20000).
+
+-record(st, {fd, path, seq = 0, timer, ready = false, pending = [],
+             flush_queued = false, tombstones = queue:new(), dead = 0}).
+
+start_link() -> gen_server:start_link({local, ?SERVER}, ?MODULE, [], []).
+
+%% Blocks the calling channel until the message is fsync'd.
+hold(XName, DelayMs, Msg) ->
+    gen_server:call(?SERVER, {hold, XName, DelayMs, Msg}, 60000).
+
+drop_exchange(XName) -> gen_server:call(?SERVER, {drop_exchange, XName}, 60000).
+
+held_count() -> ets:info(?INDEX, size).
+
+%% True only inside this server while it routes a due message.
+routing_now() -> get(?ROUTING_NOW) =:= true.
+
+init([]) ->
+    ets:new(?INDEX, [ordered_set, named_table, protected]),
+    Path = filename:join(rabbit_mnesia:dir(), "redeliver_delayed_messages.log"),
+    Seq = recover(Path),
+    {ok, Fd} = rewrite(Path, []),
+    erlang:send_after(?BOOT_GRACE_MS, self(), ready),
+    erlang:send_after(?TOMBSTONE_EVERY_MS, self(), tombstones),
+    rabbit_log:info("x-delayed-message stand-in: ~b held message(s) recovered",
+                    [ets:info(?INDEX, size)]),
+    {ok, #st{fd = Fd, path = Path, seq = Seq}}.
+
+handle_call({hold, XName, DelayMs, Msg}, From, St = #st{seq = Seq}) ->
+    Key = {now_ms() + DelayMs, Seq + 1},
+    St1 = St#st{seq = Seq + 1, pending = [{From, Key, XName, Msg} | St#st.pending]},
+    {noreply, queue_flush(St1)};
+handle_call({drop_exchange, XName}, _From, St) ->
+    Keys = [K || {K, X, _} <- ets:tab2list(?INDEX), X =:= XName],
+    [ets:delete(?INDEX, K) || K <- Keys],
+    _ = file:write(St#st.fd, [frame({done, K}) || K <- Keys]),
+    {reply, ok, St#st{dead = St#st.dead + length(Keys)}};
+handle_call(_Req, _From, St) ->
+    {reply, {error, unknown_call}, St}.
+
+handle_cast(_Msg, St) -> {noreply, St}.
+
+handle_info(flush, St) -> {noreply, arm(flush(St))};
+handle_info(ready, St) ->
+    case rabbit:is_running() of
+        true -> {noreply, arm(route_due(St#st{ready = true}))};
+        false -> erlang:send_after(500, self(), ready), {noreply, St}
+    end;
+handle_info(tick, St = #st{ready = true}) -> {noreply, arm(route_due(St))};
+handle_info(tick, St) -> {noreply, St};
+handle_info(tombstones, St) ->
+    erlang:send_after(?TOMBSTONE_EVERY_MS, self(), tombstones),
+    {noreply, maybe_compact(write_tombstones(St))};
+handle_info(_Info, St) -> {noreply, St}.
+
+terminate(_Reason, #st{fd = Fd}) -> file:close(Fd).
+
+code_change(_Old, St, _Extra) -> {ok, St}.
+
+%% --- group commit ---------------------------------------------------------
+
+%% The flush message is queued behind the calls already in the mailbox, so
+%% one fsync covers every hold that arrived while the previous one ran.
+queue_flush(St = #st{flush_queued = true}) -> St;
+queue_flush(St) -> self() ! flush, St#st{flush_queued = true}.
+
+flush(St = #st{pending = Pending, fd = Fd}) ->
+    Batch = lists:reverse(Pending),
+    Frames = [frame({hold, K, X, M}) || {_, K, X, M} <- Batch],
+    Result = case file:write(Fd, Frames) of
+                 ok -> file:datasync(Fd);
+                 Err -> Err
+             end,
+    case Result of
+        ok -> [ets:insert(?INDEX, {K, X, M}) || {_, K, X, M} <- Batch];
+        _ -> rabbit_log:error("x-delayed-message stand-in: write failed: ~p", [Result])
+    end,
+    [gen_server:reply(From, Result) || {From, _, _, _} <- Batch],
+    St#st{pending = [], flush_queued = false}.
+
+%% --- scheduling -----------------------------------------------------------
+
+arm(St = #st{timer = T}) ->
+    _ = case T of undefined -> ok; _ -> erlang:cancel_timer(T) end,
+    case ets:first(?INDEX) of
+        '$end_of_table' -> St#st{timer = undefined};
+        {Due, _} ->
+            Wait = min(max(Due - now_ms(), 0), ?MAX_TIMER_MS),
+            St#st{timer = erlang:send_after(Wait, self(), tick)}
+    end.
+
+route_due(St) ->
+    Now = now_ms(),
+    case ets:first(?INDEX) of
+        {Due, _} = Key when Due =< Now ->
+            [{Key, XName, Msg}] = ets:lookup(?INDEX, Key),
+            route_one(XName, Msg),
+            ets:delete(?INDEX, Key),
+            Tomb = queue:in({Now, Key, XName, Msg}, St#st.tombstones),
+            route_due(St#st{tombstones = Tomb});
+        _ -> St
+    end.
+
+route_one(XName, Msg0) ->
+    Msg = Msg0#basic_message{id = rabbit_guid:gen()},
+    case rabbit_exchange:lookup(XName) of
+        {ok, X} ->
+            Delivery = rabbit_basic:delivery(false, false, Msg, undefined),
+            put(?ROUTING_NOW, true),
+            try
+                Qs = rabbit_amqqueue:lookup_many(rabbit_exchange:route(X, Delivery)),
+                rabbit_amqqueue:deliver(Qs, Delivery)
+            catch Class:Reason ->
+                    rabbit_log:error("x-delayed-message stand-in: routing failed: ~p:~p",
+                                     [Class, Reason])
+            after
+                erase(?ROUTING_NOW)
+            end;
+        {error, not_found} -> ok
+    end.
+
+write_tombstones(St = #st{tombstones = Q}) ->
+    Cutoff = now_ms() - ?TOMBSTONE_GRACE_MS,
+    {Keys, Rest} = take_older(Cutoff, Q, []),
+    _ = case Keys of
+            [] -> ok;
+            _ -> file:write(St#st.fd, [frame({done, K}) || K <- Keys])
+        end,
+    St#st{tombstones = Rest, dead = St#st.dead + length(Keys)}.
+
+take_older(Cutoff, Q, Acc) ->
+    case queue:peek(Q) of
+        {value, {At, Key, _, _}} when At =< Cutoff ->
+            take_older(Cutoff, queue:drop(Q), [Key | Acc]);
+        _ -> {Acc, Q}
+    end.
+
+%% --- the log --------------------------------------------------------------
+
+frame(Term) ->
+    Bin = term_to_binary(Term),
+    <<(byte_size(Bin)):32, (erlang:crc32(Bin)):32, Bin/binary>>.
+
+%% Replays the log into the index; a torn tail (crash mid-write) ends it.
+recover(Path) ->
+    case file:read_file(Path) of
+        {ok, Bin} -> replay(Bin, 0);
+        {error, enoent} -> 0
+    end.
+
+replay(<<Size:32, Crc:32, Bin:Size/binary, Rest/binary>>, Seq) ->
+    case erlang:crc32(Bin) of
+        Crc ->
+            case binary_to_term(Bin) of
+                {hold, {_, S} = K, X, M} ->
+                    ets:insert(?INDEX, {K, X, M}), replay(Rest, max(S, Seq));
+                {done, K} ->
+                    ets:delete(?INDEX, K), replay(Rest, Seq)
+            end;
+        _ -> Seq
+    end;
+replay(_Torn, Seq) -> Seq.
+
+%% Writes the live entries (the index, plus routed messages still inside
+%% their tombstone grace) to a fresh log that replaces the old one.
+rewrite(Path, Routed) ->
+    Tmp = Path ++ ".tmp",
+    {ok, T} = file:open(Tmp, [write, raw, binary]),
+    Live = ets:tab2list(?INDEX) ++ [{K, X, M} || {_, K, X, M} <- Routed],
+    ok = file:write(T, [frame({hold, K, X, M}) || {K, X, M} <- Live]),
+    ok = file:datasync(T),
+    ok = file:close(T),
+    ok = file:rename(Tmp, Path),
+    file:open(Path, [append, raw, binary]).
+
+maybe_compact(St = #st{dead = Dead}) ->
+    case Dead >= ?COMPACT_MIN_DEAD andalso Dead > ets:info(?INDEX, size) of
+        false -> St;
+        true ->
+            ok = file:close(St#st.fd),
+            {ok, Fd} = rewrite(St#st.path, queue:to_list(St#st.tombstones)),
+            St#st{fd = Fd, dead = 0}
+    end.
+
+now_ms() -> os:system_time(millisecond).

@@ -1,0 +1,199 @@
+//! Starting workers in-process, publishing, reading dead letters, cleaning up.
+
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+use redeliver::config::{AmqpUrl, BrokerSettings, WorkerSettings};
+use redeliver::policy::{parse_schedule, Backoff, RetryPolicy};
+use redeliver::topology::{QueueType, Topology};
+use redeliver::HttpDeliverer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub struct Worker {
+    pub token: CancellationToken,
+    pub join: JoinHandle<Result<(), redeliver::worker::WorkerError>>,
+}
+
+impl Worker {
+    pub async fn stop(self) {
+        self.token.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
+        r.expect("worker stops")
+            .expect("worker task")
+            .expect("worker result");
+    }
+}
+
+pub fn broker(url: &str, prefix: &str) -> BrokerSettings {
+    BrokerSettings {
+        url: AmqpUrl::new(url),
+        prefix: prefix.into(),
+        queue_type: QueueType::Quorum,
+        delay: Default::default(),
+    }
+}
+
+pub fn schedule_settings(schedule: &str, max_attempts: u32, concurrency: usize) -> WorkerSettings {
+    WorkerSettings {
+        concurrency,
+        policy: RetryPolicy {
+            max_attempts,
+            backoff: Backoff::Schedule(parse_schedule(schedule).unwrap()),
+        },
+        ..Default::default()
+    }
+}
+
+pub fn spawn_worker(url: &str, prefix: &str, settings: WorkerSettings) -> Worker {
+    let token = CancellationToken::new();
+    let handler = HttpDeliverer::new(Duration::from_secs(5), settings.concurrency).unwrap();
+    let b = broker(url, prefix);
+    let t = token.clone();
+    let join = tokio::spawn(async move { redeliver::run(&b, settings, handler, t).await });
+    Worker { token, join }
+}
+
+/// Publishes notifications (JSON objects or their exact text) through the
+/// library, with confirms.
+pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -> Vec<String> {
+    let b = broker(url, prefix);
+    let conn = b.url.connect("test publish").await.unwrap();
+    let t = Topology::new(prefix);
+    t.declare(&conn.create_channel().await.unwrap(), b.queue_type, b.delay)
+        .await
+        .unwrap();
+    let p = redeliver::publish::Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut ids = vec![];
+    for n in notifications {
+        let prepared = redeliver::publish::prepare(&n.to_string(), 1 << 20).unwrap();
+        p.publish_new(&prepared, None).await.unwrap();
+        ids.push(prepared.id);
+    }
+    let _ = conn.close(200, "".into()).await;
+    ids
+}
+
+/// Declares the topology and publishes raw bytes to the intake exchange,
+/// as any AMQP producer could.
+pub async fn publish_raw(url: &str, prefix: &str, payload: &[u8], headers: Option<FieldTable>) {
+    let b = broker(url, prefix);
+    let conn = b.url.connect("test raw").await.unwrap();
+    let t = Topology::new(prefix);
+    let ch = conn.create_channel().await.unwrap();
+    t.declare(&ch, b.queue_type, b.delay).await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let mut props = BasicProperties::default().with_delivery_mode(2);
+    if let Some(h) = headers {
+        props = props.with_headers(h);
+    }
+    ch.basic_publish(
+        t.intake.as_str().into(),
+        "".into(),
+        BasicPublishOptions::default(),
+        payload,
+        props,
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let _ = conn.close(200, "".into()).await;
+}
+
+#[derive(Debug)]
+pub struct DeadLetter {
+    pub headers: FieldTable,
+    pub body: Vec<u8>,
+}
+
+impl DeadLetter {
+    pub fn get(&self, k: &str) -> Option<&AMQPValue> {
+        self.headers.inner().get(k)
+    }
+    pub fn str(&self, k: &str) -> Option<String> {
+        self.get(k).and_then(redeliver::state::string)
+    }
+    pub fn int(&self, k: &str) -> Option<i64> {
+        self.get(k).and_then(redeliver::state::int)
+    }
+}
+
+/// Takes every message off the dead-letter queue.
+pub async fn drain_dead(url: &str, prefix: &str) -> Vec<DeadLetter> {
+    let conn = AmqpUrl::new(url).connect("test dead").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut out = vec![];
+    while let Some(m) = ch
+        .basic_get(
+            format!("{prefix}.dead").as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        let headers = m.delivery.properties.headers().clone().unwrap_or_default();
+        out.push(DeadLetter {
+            headers,
+            body: m.delivery.data.clone(),
+        });
+    }
+    let _ = conn.close(200, "".into()).await;
+    out
+}
+
+/// Message count of a queue (passive declare).
+pub async fn queue_len(url: &str, queue: &str) -> u32 {
+    let conn = AmqpUrl::new(url).connect("test count").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = conn.close(200, "".into()).await;
+    q.message_count()
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes.
+pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond()
+}
+
+/// Deletes the prefix's exchanges and queues.
+pub async fn cleanup(url: &str, prefix: &str) {
+    let t = Topology::new(prefix);
+    let conn = AmqpUrl::new(url).connect("test cleanup").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    for q in [&t.work, &t.dead] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [&t.intake, &t.retry] {
+        let _ = ch
+            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "".into()).await;
+}

@@ -1,0 +1,67 @@
+//! Test helpers shared by the integration tests: the local broker node,
+//! AMQP connections and per-test name prefixes.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use lapin::{Connection, ConnectionProperties};
+
+/// Port of the shared test node (see `tests/broker/ctl`).
+pub fn default_port() -> u16 {
+    std::env::var("REDELIVER_TEST_BROKER_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(5674)
+}
+
+fn ctl_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/broker/ctl")
+}
+
+/// Runs `tests/broker/ctl ARGS` against the node on `port`; returns its last line.
+pub fn ctl(port: u16, args: &[&str]) -> String {
+    let out = Command::new(ctl_path())
+        .args(args)
+        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .output()
+        .expect("tests/broker/ctl could not be run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tests/broker/ctl {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// AMQP URL of the shared node with the `x-delayed-message` stand-in,
+/// brought up once per test process (`ctl up` is idempotent and locked).
+pub fn broker_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| ctl(default_port(), &["up"])).clone()
+}
+
+/// The system broker on 5672, which has no `x-delayed-message` type.
+pub fn plain_broker_url() -> String {
+    std::env::var("REDELIVER_PLAIN_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
+}
+
+/// A fresh name prefix, so parallel tests never share queues or exchanges.
+pub fn prefix(test: &str) -> String {
+    format!(
+        "t-{test}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+pub async fn connect(url: &str) -> Connection {
+    Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("AMQP connection to the test broker")
+}
+
+pub mod harness;
+pub mod receiver;

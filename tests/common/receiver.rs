@@ -1,0 +1,163 @@
+//! A real HTTP receiver on 127.0.0.1:0 that records every request and
+//! answers as the test tells it to.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub at: Instant,
+    pub method: Method,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// 1-based count of requests seen so far with this webhook-id.
+    pub nth: usize,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+    pub fn id(&self) -> String {
+        self.header("webhook-id").unwrap_or_default()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub delay: Duration,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Self {
+        Reply {
+            status,
+            body: String::new(),
+            delay: Duration::ZERO,
+            headers: vec![],
+        }
+    }
+    pub fn body(mut self, b: &str) -> Self {
+        self.body = b.to_string();
+        self
+    }
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+}
+
+type Behavior = Box<dyn Fn(&Recorded) -> Reply + Send + Sync>;
+
+struct Shared {
+    requests: Mutex<Vec<Recorded>>,
+    per_id: Mutex<HashMap<String, usize>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    behavior: Behavior,
+}
+
+#[derive(Clone)]
+pub struct Receiver {
+    pub base: String,
+    shared: Arc<Shared>,
+}
+
+impl Receiver {
+    pub async fn start(behavior: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) -> Receiver {
+        let shared = Arc::new(Shared {
+            requests: Mutex::new(vec![]),
+            per_id: Mutex::new(HashMap::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            behavior: Box::new(behavior),
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind receiver");
+        let addr = listener.local_addr().expect("receiver address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver {
+            base: format!("http://{addr}"),
+            shared,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+    pub fn count(&self) -> usize {
+        self.shared.requests.lock().unwrap().len()
+    }
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let nth = {
+        let mut m = s.per_id.lock().unwrap();
+        let n = m.entry(id).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let rec = Recorded {
+        at: Instant::now(),
+        method,
+        path: uri.path().to_string(),
+        headers,
+        body,
+        nth,
+    };
+    let reply = (s.behavior)(&rec);
+    s.requests.lock().unwrap().push(rec);
+    let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(reply.delay).await;
+    s.in_flight.fetch_sub(1, Ordering::SeqCst);
+    let mut resp = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
+    for (k, v) in reply.headers {
+        resp.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            axum::http::HeaderValue::from_str(&v).unwrap(),
+        );
+    }
+    resp
+}
