@@ -27,9 +27,14 @@ pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
 }
 
 /// `redeliver run`.
-pub async fn run(g: &GlobalArgs, args: &RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    g: &GlobalArgs,
+    args: &RunArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let settings = worker_settings(args)?;
-    let handler = HttpDeliverer::new(args.timeout, settings.concurrency).context("building the HTTP client")?;
+    let handler = HttpDeliverer::new(args.timeout, settings.concurrency)
+        .context("building the HTTP client")?;
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())
 }
@@ -61,7 +66,10 @@ pub fn retry_policy(p: &PolicyArgs) -> anyhow::Result<RetryPolicy> {
             jitter: p.jitter,
         },
     };
-    let policy = RetryPolicy { max_attempts: p.max_attempts, backoff };
+    let policy = RetryPolicy {
+        max_attempts: p.max_attempts,
+        backoff,
+    };
     policy.validate().context("invalid retry policy")?;
     Ok(policy)
 }
@@ -80,12 +88,29 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
     let topology = Topology::new(&broker.prefix);
-    topology.declare(&conn.create_channel().await?, broker.queue_type, broker.delay).await?;
-    let publisher = Publisher::new(&conn, topology, broker.delay, std::time::Duration::from_secs(30)).await?;
+    topology
+        .declare(
+            &conn.create_channel().await?,
+            broker.queue_type,
+            broker.delay,
+        )
+        .await?;
+    let publisher = Publisher::new(
+        &conn,
+        topology,
+        broker.delay,
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
     let mut out = std::io::stdout().lock();
     let mut confirmed = stream::iter(notifications.iter().map(|n| {
         let publisher = &publisher;
-        async move { publisher.publish_new(n, args.delay).await.map(|_| n.id.as_str()) }
+        async move {
+            publisher
+                .publish_new(n, args.delay)
+                .await
+                .map(|_| n.id.as_str())
+        }
     }))
     .buffered(PUBLISH_WINDOW);
     while let Some(id) = confirmed.try_next().await.context("publishing failed")? {
@@ -99,16 +124,19 @@ fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Pr
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
-        let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         Box::new(std::io::BufReader::new(f))
     };
     let mut out = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("{}: cannot read line {}", path.display(), i + 1))?;
+        let line =
+            line.with_context(|| format!("{}: cannot read line {}", path.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
-        let n = prepare(&line, max_bytes).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        let n = prepare(&line, max_bytes)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
         out.push(n);
     }
     Ok(out)
@@ -122,11 +150,14 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
     o.insert("url".into(), url.into());
     let body = match (&a.body, &a.body_file) {
         (Some(b), _) => Some(b.clone()),
-        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        ),
         (None, None) => None,
     };
     if let Some(b) = body {
-        let v: serde_json::Value = serde_json::from_str(&b).context("the body is not valid JSON")?;
+        let v: serde_json::Value =
+            serde_json::from_str(&b).context("the body is not valid JSON")?;
         o.insert("body".into(), v);
     }
     if let Some(id) = &a.id {
@@ -134,7 +165,9 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
     }
     let mut headers = serde_json::Map::new();
     for h in &a.headers {
-        let Some((k, v)) = h.split_once(':') else { bail!("--header {h:?} is not `Name: value`") };
+        let Some((k, v)) = h.split_once(':') else {
+            bail!("--header {h:?} is not `Name: value`")
+        };
         headers.insert(k.trim().into(), v.trim().into());
     }
     if !headers.is_empty() {

@@ -24,10 +24,21 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "REDELIVER_AMQP_URL", hide_env_values = true, default_value = DEFAULT_AMQP_URL)]
     pub amqp_url: String,
     /// Prefix of every exchange and queue name (<prefix>.work, <prefix>.dead, ...).
-    #[arg(long, global = true, env = "REDELIVER_PREFIX", default_value = "redeliver")]
+    #[arg(
+        long,
+        global = true,
+        env = "REDELIVER_PREFIX",
+        default_value = "redeliver"
+    )]
     pub prefix: String,
     /// Type of the work queue when it is first declared.
-    #[arg(long, global = true, env = "REDELIVER_QUEUE_TYPE", value_enum, default_value = "quorum")]
+    #[arg(
+        long,
+        global = true,
+        env = "REDELIVER_QUEUE_TYPE",
+        value_enum,
+        default_value = "quorum"
+    )]
     pub queue_type: QueueType,
 }
 
@@ -51,7 +62,12 @@ pub struct RunArgs {
     #[arg(long, env = "REDELIVER_SUCCESS_BODY")]
     pub success_body: Option<String>,
     /// HTTP statuses that dead-letter at once, without retrying.
-    #[arg(long, env = "REDELIVER_PERMANENT_STATUS", value_delimiter = ',', default_value = "410")]
+    #[arg(
+        long,
+        env = "REDELIVER_PERMANENT_STATUS",
+        value_delimiter = ',',
+        default_value = "410"
+    )]
     pub permanent_status: Vec<u16>,
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -77,7 +93,12 @@ pub struct PolicyArgs {
     #[arg(long, env = "REDELIVER_SCHEDULE", conflicts_with_all = ["initial_delay", "factor", "max_delay", "jitter"])]
     pub schedule: Option<String>,
     /// Exponential backoff (used when no --schedule is given).
-    #[arg(long, env = "REDELIVER_BACKOFF", value_enum, default_value = "exponential")]
+    #[arg(
+        long,
+        env = "REDELIVER_BACKOFF",
+        value_enum,
+        default_value = "exponential"
+    )]
     pub backoff: BackoffKind,
     /// Exponential: the first retry's delay.
     #[arg(long, env = "REDELIVER_INITIAL_DELAY", default_value = "10s", value_parser = duration)]
@@ -101,7 +122,12 @@ pub enum BackoffKind {
 #[derive(Debug, Args, Clone)]
 pub struct PublishArgs {
     /// Target URL (http or https).
-    #[arg(long, env = "REDELIVER_PUBLISH_URL", required_unless_present = "file", conflicts_with = "file")]
+    #[arg(
+        long,
+        env = "REDELIVER_PUBLISH_URL",
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
     pub url: Option<String>,
     /// JSON request body.
     #[arg(long, conflicts_with_all = ["body_file", "file"])]

@@ -30,11 +30,22 @@ impl DelayBackend {
                 let mut args = FieldTable::default();
                 // x-delayed-type: direct; the exchange routes like a direct
                 // exchange once the delay is over (key = work queue name).
-                args.insert("x-delayed-type".into(), AMQPValue::LongString("direct".into()));
-                let opts = ExchangeDeclareOptions { durable: true, ..Default::default() };
-                ch.exchange_declare(t.retry.as_str().into(), ExchangeKind::Custom("x-delayed-message".into()), opts, args)
-                    .await
-                    .map_err(|e| classify("exchange", &t.retry, e))
+                args.insert(
+                    "x-delayed-type".into(),
+                    AMQPValue::LongString("direct".into()),
+                );
+                let opts = ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                ch.exchange_declare(
+                    t.retry.as_str().into(),
+                    ExchangeKind::Custom("x-delayed-message".into()),
+                    opts,
+                    args,
+                )
+                .await
+                .map_err(|e| classify("exchange", &t.retry, e))
             }
         }
     }
@@ -48,7 +59,10 @@ impl DelayBackend {
             DelayBackend::Plugin => {
                 // x-delay: milliseconds to hold the message, as an integer.
                 headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
-                DelayedRoute { exchange: t.retry.clone(), routing_key: t.work.clone() }
+                DelayedRoute {
+                    exchange: t.retry.clone(),
+                    routing_key: t.work.clone(),
+                }
             }
         }
     }

@@ -19,7 +19,8 @@ pub const ATTEMPT_HEADER: &str = "redeliver-attempt";
 /// own transport instead of HTTP.
 pub trait DeliveryHandler: Send + Sync + 'static {
     /// `attempt` is 1-based and counts every delivery of this notification.
-    fn deliver(&self, n: &Notification, attempt: u32) -> impl Future<Output = AttemptResult> + Send;
+    fn deliver(&self, n: &Notification, attempt: u32)
+        -> impl Future<Output = AttemptResult> + Send;
 }
 
 /// The HTTP handler: pooled connections, no redirects, a per-attempt timeout.
@@ -45,14 +46,19 @@ impl HttpDeliverer {
         let mut h = HeaderMap::new();
         for (k, v) in &n.headers {
             // Validated when decoded; anything odd is skipped, not a panic.
-            if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            if let (Ok(k), Ok(v)) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
                 h.insert(k, v);
             }
         }
         if n.body.is_some() && !h.contains_key(CONTENT_TYPE) {
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
         let ours = [
             ("webhook-id", n.id.clone()),
             ("webhook-timestamp", now.as_secs().to_string()),
@@ -70,21 +76,40 @@ impl HttpDeliverer {
 
 impl DeliveryHandler for HttpDeliverer {
     async fn deliver(&self, n: &Notification, attempt: u32) -> AttemptResult {
-        let mut req = self.client.request(n.method.clone(), n.url.clone()).headers(Self::headers(n, attempt));
+        let mut req = self
+            .client
+            .request(n.method.clone(), n.url.clone())
+            .headers(Self::headers(n, attempt));
         if let Some(body) = &n.body {
             req = req.body(body.get().to_owned());
         }
         let resp = match req.send().await {
             Ok(r) => r,
-            Err(e) => return AttemptResult::Failed { error: describe(&e, self.timeout) },
+            Err(e) => {
+                return AttemptResult::Failed {
+                    error: describe(&e, self.timeout),
+                }
+            }
         };
         let status = resp.status().as_u16();
-        let retry_after = resp.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
         let body = match read_capped(resp).await {
             Ok(b) => b,
-            Err(e) => return AttemptResult::Failed { error: describe(&e, self.timeout) },
+            Err(e) => {
+                return AttemptResult::Failed {
+                    error: describe(&e, self.timeout),
+                }
+            }
         };
-        AttemptResult::Response { status, body, retry_after }
+        AttemptResult::Response {
+            status,
+            body,
+            retry_after,
+        }
     }
 }
 
@@ -136,7 +161,10 @@ mod tests {
     #[test]
     fn retry_after_forms() {
         assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
         let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(100));
         let d = parse_retry_after(&later).unwrap();
         assert!(d > Duration::from_secs(95) && d <= Duration::from_secs(100));

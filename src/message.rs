@@ -87,7 +87,11 @@ pub enum InvalidMessage {
 
 /// Decodes and validates one AMQP body. `fallback_id` is used when the JSON
 /// has no `id` (e.g. the AMQP message-id, or one the worker assigned).
-pub fn decode(bytes: &[u8], max_bytes: usize, fallback_id: Option<&str>) -> Result<Notification, InvalidMessage> {
+pub fn decode(
+    bytes: &[u8],
+    max_bytes: usize,
+    fallback_id: Option<&str>,
+) -> Result<Notification, InvalidMessage> {
     if bytes.len() > max_bytes {
         return Err(InvalidMessage::TooLarge(bytes.len(), max_bytes));
     }
@@ -102,7 +106,10 @@ pub fn decode(bytes: &[u8], max_bytes: usize, fallback_id: Option<&str>) -> Resu
         Some(id) => check_id(id)?,
         None => uuid::Uuid::new_v4().to_string(),
     };
-    let max_attempts = wire.max_attempts.map(policy::check_max_attempts).transpose()?;
+    let max_attempts = wire
+        .max_attempts
+        .map(policy::check_max_attempts)
+        .transpose()?;
     let schedule = wire.schedule.as_deref().map(parse_schedule).transpose()?;
     Ok(Notification {
         id,
@@ -130,7 +137,9 @@ pub fn parse_url(s: &str) -> Result<Url, InvalidMessage> {
 
 fn check_id(id: &str) -> Result<String, InvalidMessage> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
-        return Err(InvalidMessage::BadId(format!("must be 1..={MAX_ID_LEN} bytes")));
+        return Err(InvalidMessage::BadId(format!(
+            "must be 1..={MAX_ID_LEN} bytes"
+        )));
     }
     if id.chars().any(|c| c.is_control()) {
         return Err(InvalidMessage::BadId("contains control characters".into()));
@@ -150,11 +159,16 @@ fn parse_method(m: Option<&str>) -> Result<reqwest::Method, InvalidMessage> {
 
 fn check_headers(h: BTreeMap<String, String>) -> Result<BTreeMap<String, String>, InvalidMessage> {
     if h.len() > MAX_HEADERS {
-        return Err(InvalidMessage::BadHeader(format!("{} headers", h.len()), format!("at most {MAX_HEADERS}")));
+        return Err(InvalidMessage::BadHeader(
+            format!("{} headers", h.len()),
+            format!("at most {MAX_HEADERS}"),
+        ));
     }
     for (k, v) in &h {
-        let bad = |why: &str| InvalidMessage::BadHeader(k.chars().take(64).collect(), why.to_string());
-        reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| bad("not a valid header name"))?;
+        let bad =
+            |why: &str| InvalidMessage::BadHeader(k.chars().take(64).collect(), why.to_string());
+        reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| bad("not a valid header name"))?;
         reqwest::header::HeaderValue::from_str(v).map_err(|_| bad("not a valid header value"))?;
         if k.len() + v.len() > MAX_HEADER_BYTES {
             return Err(bad("too long"));
@@ -168,7 +182,10 @@ fn check_headers(h: BTreeMap<String, String>) -> Result<BTreeMap<String, String>
 
 /// A per-notification schedule obeys the same limits as `--schedule`.
 fn parse_schedule(entries: &[String]) -> Result<Vec<Duration>, PolicyError> {
-    let schedule: Vec<Duration> = entries.iter().map(|e| policy::parse_duration(e)).collect::<Result<_, _>>()?;
+    let schedule: Vec<Duration> = entries
+        .iter()
+        .map(|e| policy::parse_duration(e))
+        .collect::<Result<_, _>>()?;
     let check = policy::RetryPolicy {
         max_attempts: 1,
         backoff: policy::Backoff::Schedule(schedule),

@@ -15,12 +15,18 @@ fn minimal_and_full_notifications_decode() {
     assert!(n.body.is_none());
     assert_eq!(n.id.len(), 36, "a UUID is assigned");
 
-    let n = ok(r#"{"v":1,"id":"pay-1","url":"https://example.com/cb","method":"put",
+    let n = ok(
+        r#"{"v":1,"id":"pay-1","url":"https://example.com/cb","method":"put",
         "headers":{"X-A":"b"},"body":{"b": 1.50, "a":[1,2]},"max_attempts":4,
-        "schedule":["15s","3m"],"success_body":"success","extra":"ignored"}"#);
+        "schedule":["15s","3m"],"success_body":"success","extra":"ignored"}"#,
+    );
     assert_eq!(n.id, "pay-1");
     assert_eq!(n.method, reqwest::Method::PUT);
-    assert_eq!(n.body.unwrap().get(), r#"{"b": 1.50, "a":[1,2]}"#, "exact bytes kept");
+    assert_eq!(
+        n.body.unwrap().get(),
+        r#"{"b": 1.50, "a":[1,2]}"#,
+        "exact bytes kept"
+    );
     assert_eq!(n.max_attempts, Some(4));
     assert_eq!(n.schedule.unwrap()[1], Duration::from_secs(180));
     assert_eq!(n.success_body.as_deref(), Some("success"));
@@ -39,18 +45,57 @@ fn bad_input_is_invalid_not_a_panic() {
     assert!(matches!(err(b"[1,2]"), InvalidMessage::Json(_)));
     assert_eq!(err(b"{}"), InvalidMessage::MissingUrl);
     assert!(matches!(err(br#"{"url":5}"#), InvalidMessage::Json(_)));
-    assert!(matches!(err(br#"{"url":"/relative"}"#), InvalidMessage::BadUrl(..)));
-    assert!(matches!(err(br#"{"url":"ftp://a/"}"#), InvalidMessage::BadUrl(..)));
-    assert!(matches!(err(br#"{"url":"http://a/","v":2}"#), InvalidMessage::Version(2)));
-    assert!(matches!(err(br#"{"url":"http://a/","method":"TRACE"}"#), InvalidMessage::BadMethod(_)));
-    assert!(matches!(err(br#"{"url":"http://a/","headers":{"bad name":"x"}}"#), InvalidMessage::BadHeader(..)));
-    assert!(matches!(err(br#"{"url":"http://a/","headers":{"a":"x\ny"}}"#), InvalidMessage::BadHeader(..)));
-    assert!(matches!(err(br#"{"url":"http://a/","headers":{"Host":"x"}}"#), InvalidMessage::BadHeader(..)));
-    assert!(matches!(err(br#"{"url":"http://a/","max_attempts":0}"#), InvalidMessage::Policy(_)));
-    assert!(matches!(err(br#"{"url":"http://a/","max_attempts":1000000000}"#), InvalidMessage::Policy(_)));
-    assert!(matches!(err(br#"{"url":"http://a/","max_attempts":-1}"#), InvalidMessage::Json(_)));
-    assert!(matches!(err(br#"{"url":"http://a/","schedule":["-5s"]}"#), InvalidMessage::Policy(_)));
-    assert!(matches!(err(br#"{"url":"http://a/","id":""}"#), InvalidMessage::BadId(_)));
+    assert!(matches!(
+        err(br#"{"url":"/relative"}"#),
+        InvalidMessage::BadUrl(..)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"ftp://a/"}"#),
+        InvalidMessage::BadUrl(..)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","v":2}"#),
+        InvalidMessage::Version(2)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","method":"TRACE"}"#),
+        InvalidMessage::BadMethod(_)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","headers":{"bad name":"x"}}"#),
+        InvalidMessage::BadHeader(..)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","headers":{"a":"x\ny"}}"#),
+        InvalidMessage::BadHeader(..)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","headers":{"Host":"x"}}"#),
+        InvalidMessage::BadHeader(..)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","max_attempts":0}"#),
+        InvalidMessage::Policy(_)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","max_attempts":1000000000}"#),
+        InvalidMessage::Policy(_)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","max_attempts":-1}"#),
+        InvalidMessage::Json(_)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","schedule":["-5s"]}"#),
+        InvalidMessage::Policy(_)
+    ));
+    assert!(matches!(
+        err(br#"{"url":"http://a/","id":""}"#),
+        InvalidMessage::BadId(_)
+    ));
     let big = format!(r#"{{"url":"http://a/","body":"{}"}}"#, "x".repeat(200));
-    assert!(matches!(decode(big.as_bytes(), 100, None), Err(InvalidMessage::TooLarge(..))));
+    assert!(matches!(
+        decode(big.as_bytes(), 100, None),
+        Err(InvalidMessage::TooLarge(..))
+    ));
 }

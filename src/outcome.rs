@@ -57,7 +57,11 @@ pub struct Classified {
 }
 
 /// `success_body` is the per-notification override, which wins over the rules'.
-pub fn classify(result: &AttemptResult, rules: &SuccessRules, success_body: Option<&str>) -> Classified {
+pub fn classify(
+    result: &AttemptResult,
+    rules: &SuccessRules,
+    success_body: Option<&str>,
+) -> Classified {
     match result {
         AttemptResult::Failed { error } => failed(Verdict::Retryable, None, error.clone()),
         AttemptResult::Refused { error } => failed(Verdict::Permanent, None, error.clone()),
@@ -73,7 +77,10 @@ pub fn classify(result: &AttemptResult, rules: &SuccessRules, success_body: Opti
                     Some(want) if body.trim() != want.trim() => failed(
                         Verdict::Retryable,
                         Some(status),
-                        format!("response body {:?} is not the expected {want:?}", short(body)),
+                        format!(
+                            "response body {:?} is not the expected {want:?}",
+                            short(body)
+                        ),
                     ),
                     _ => Classified {
                         verdict: Verdict::Success,
@@ -124,10 +131,21 @@ mod tests {
     fn two_xx_is_success_and_others_retry() {
         let r = SuccessRules::default();
         assert_eq!(classify(&resp(204, ""), &r, None).verdict, Verdict::Success);
-        assert_eq!(classify(&resp(500, ""), &r, None).verdict, Verdict::Retryable);
-        assert_eq!(classify(&resp(302, ""), &r, None).verdict, Verdict::Retryable);
-        assert_eq!(classify(&resp(404, ""), &r, None).verdict, Verdict::Retryable);
-        let f = AttemptResult::Failed { error: "timeout".into() };
+        assert_eq!(
+            classify(&resp(500, ""), &r, None).verdict,
+            Verdict::Retryable
+        );
+        assert_eq!(
+            classify(&resp(302, ""), &r, None).verdict,
+            Verdict::Retryable
+        );
+        assert_eq!(
+            classify(&resp(404, ""), &r, None).verdict,
+            Verdict::Retryable
+        );
+        let f = AttemptResult::Failed {
+            error: "timeout".into(),
+        };
         assert_eq!(classify(&f, &r, None).verdict, Verdict::Retryable);
     }
 
@@ -136,24 +154,51 @@ mod tests {
         let r = SuccessRules::default();
         let c = classify(&resp(410, ""), &r, None);
         assert_eq!((c.verdict, c.status), (Verdict::Permanent, Some(410)));
-        let custom = SuccessRules { permanent_status: vec![400, 404], success_body: None };
-        assert_eq!(classify(&resp(404, ""), &custom, None).verdict, Verdict::Permanent);
-        assert_eq!(classify(&resp(410, ""), &custom, None).verdict, Verdict::Retryable);
+        let custom = SuccessRules {
+            permanent_status: vec![400, 404],
+            success_body: None,
+        };
+        assert_eq!(
+            classify(&resp(404, ""), &custom, None).verdict,
+            Verdict::Permanent
+        );
+        assert_eq!(
+            classify(&resp(410, ""), &custom, None).verdict,
+            Verdict::Retryable
+        );
     }
 
     #[test]
     fn success_body_must_match_trimmed_and_override_wins() {
-        let r = SuccessRules { success_body: Some("success".into()), ..Default::default() };
-        assert_eq!(classify(&resp(200, " success\n"), &r, None).verdict, Verdict::Success);
-        assert_eq!(classify(&resp(200, "ok"), &r, None).verdict, Verdict::Retryable);
-        assert_eq!(classify(&resp(200, "ok"), &r, Some("ok")).verdict, Verdict::Success);
+        let r = SuccessRules {
+            success_body: Some("success".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            classify(&resp(200, " success\n"), &r, None).verdict,
+            Verdict::Success
+        );
+        assert_eq!(
+            classify(&resp(200, "ok"), &r, None).verdict,
+            Verdict::Retryable
+        );
+        assert_eq!(
+            classify(&resp(200, "ok"), &r, Some("ok")).verdict,
+            Verdict::Success
+        );
     }
 
     #[test]
     fn retry_after_only_on_429_and_503() {
         let r = SuccessRules::default();
-        assert_eq!(classify(&resp(429, ""), &r, None).retry_after, Some(Duration::from_secs(30)));
-        assert_eq!(classify(&resp(503, ""), &r, None).retry_after, Some(Duration::from_secs(30)));
+        assert_eq!(
+            classify(&resp(429, ""), &r, None).retry_after,
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            classify(&resp(503, ""), &r, None).retry_after,
+            Some(Duration::from_secs(30))
+        );
         assert_eq!(classify(&resp(500, ""), &r, None).retry_after, None);
     }
 }

@@ -89,7 +89,9 @@ impl RetryPolicy {
         }
         let max = self.max_delay();
         if max > MAX_DELAY {
-            return Err(PolicyError::DelayTooLong(humantime::format_duration(max).to_string()));
+            return Err(PolicyError::DelayTooLong(
+                humantime::format_duration(max).to_string(),
+            ));
         }
         Ok(())
     }

@@ -21,8 +21,7 @@ fn schedule_takes_nth_entry_then_repeats_last() {
 
 #[test]
 fn wechat_schedule_parses() {
-    let sched =
-        parse_schedule("15s,15s,30s,3m,10m,20m,30m,30m,30m,60m,3h,3h,3h,6h,6h").unwrap();
+    let sched = parse_schedule("15s,15s,30s,3m,10m,20m,30m,30m,30m,60m,3h,3h,3h,6h,6h").unwrap();
     assert_eq!(sched.len(), 15);
     assert_eq!(sched[13], s(6 * 3600));
 }
@@ -52,11 +51,17 @@ fn full_jitter_stays_within_zero_and_delay() {
         max: s(3600),
         jitter: Jitter::Full,
     };
-    let p = RetryPolicy { max_attempts: 5, backoff: b };
+    let p = RetryPolicy {
+        max_attempts: 5,
+        backoff: b,
+    };
     let mut r = rng();
     let draws: Vec<_> = (0..500).map(|_| p.delay(2, &mut r)).collect();
     assert!(draws.iter().all(|d| *d <= s(16)));
-    assert!(draws.iter().any(|d| *d < s(8)), "full jitter must spread below d/2");
+    assert!(
+        draws.iter().any(|d| *d < s(8)),
+        "full jitter must spread below d/2"
+    );
 }
 
 #[test]
@@ -67,7 +72,10 @@ fn equal_jitter_keeps_at_least_half() {
         max: s(3600),
         jitter: Jitter::Equal,
     };
-    let p = RetryPolicy { max_attempts: 5, backoff: b };
+    let p = RetryPolicy {
+        max_attempts: 5,
+        backoff: b,
+    };
     let mut r = rng();
     let draws: Vec<_> = (0..500).map(|_| p.delay(2, &mut r)).collect();
     assert!(draws.iter().all(|d| *d >= s(8) && *d <= s(16)));
@@ -90,8 +98,10 @@ fn validate_rejects_delays_beyond_the_exchange_limit() {
 
 #[test]
 fn validate_rejects_absurd_values() {
-    let mut p = RetryPolicy::default();
-    p.max_attempts = 0;
+    let mut p = RetryPolicy {
+        max_attempts: 0,
+        ..Default::default()
+    };
     assert_eq!(p.validate(), Err(PolicyError::MaxAttempts(0)));
     p.max_attempts = 1_000_000_000;
     assert!(p.validate().is_err());
@@ -113,5 +123,8 @@ fn bad_durations_are_errors() {
     assert!(parse_duration("abc").is_err());
     assert!(parse_duration("-5s").is_err());
     assert!(parse_schedule("1s,,2s").is_err());
-    assert_eq!(parse_duration(" 250ms ").unwrap(), Duration::from_millis(250));
+    assert_eq!(
+        parse_duration(" 250ms ").unwrap(),
+        Duration::from_millis(250)
+    );
 }

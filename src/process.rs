@@ -30,8 +30,12 @@ pub struct Context<H> {
 pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
     let headers = d.properties.headers().as_ref();
     let decoded = RetryState::from_headers(headers).and_then(|st| {
-        let fallback = st.id.clone().or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
-        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref()).map(|n| (n, st))
+        let fallback = st
+            .id
+            .clone()
+            .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
+        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref())
+            .map(|n| (n, st))
     });
     let settled = match decoded {
         Ok((n, st)) => attempt(&ctx, &d, n, st).await,
@@ -41,7 +45,12 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
         Ok(()) => d.acker.ack(BasicAckOptions::default()).await,
         Err(e) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
-            d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await
+            d.acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
         }
     };
     if let Err(e) = result {
@@ -50,39 +59,72 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
 }
 
 /// Deliver once, decide, and republish when needed. `Ok` means: ack it.
-async fn attempt<H: DeliveryHandler>(ctx: &Context<H>, d: &Delivery, n: Notification, mut st: RetryState) -> Result<(), PublishError> {
+async fn attempt<H: DeliveryHandler>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    n: Notification,
+    mut st: RetryState,
+) -> Result<(), PublishError> {
     st.id = Some(n.id.clone());
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, started) = (now_ms(), Instant::now());
     let result = ctx.handler.deliver(&n, attempt).await;
     let duration_ms = started.elapsed().as_millis() as u64;
     let c = classify(&result, &ctx.settings.rules, n.success_body.as_deref());
-    let action = decide(&c, attempt, &effective_policy(&ctx.settings.policy, &n), &mut rand::rng());
+    let action = decide(
+        &c,
+        attempt,
+        &effective_policy(&ctx.settings.policy, &n),
+        &mut rand::rng(),
+    );
     let delay_ms = match action {
         Action::Retry { delay } => Some(delay.as_millis() as u64),
         _ => None,
     };
-    st.record(&AttemptRecord { attempt, at_ms, duration_ms, classified: &c, delay_ms });
+    st.record(&AttemptRecord {
+        attempt,
+        at_ms,
+        duration_ms,
+        classified: &c,
+        delay_ms,
+    });
     log_attempt(&n, attempt, &c, &action, duration_ms);
     let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
     match action {
         Action::Ack => Ok(()),
-        Action::Retry { delay } => ctx.publisher.retry(&d.data, d.properties.clone(), headers, delay).await,
+        Action::Retry { delay } => {
+            ctx.publisher
+                .retry(&d.data, d.properties.clone(), headers, delay)
+                .await
+        }
         Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason).await,
     }
 }
 
 /// Invalid messages keep their original bytes and headers, plus the reason.
-async fn dead_letter_invalid<H>(ctx: &Context<H>, d: &Delivery, e: &InvalidMessage) -> Result<(), PublishError> {
+async fn dead_letter_invalid<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    e: &InvalidMessage,
+) -> Result<(), PublishError> {
     warn!(error = %e, "invalid message; dead-lettering it");
     let mut headers = d.properties.headers().clone().unwrap_or_default();
     state::set_last(&mut headers, None, Some(&e.to_string()));
     dead_letter(ctx, d, headers, DeadReason::Invalid).await
 }
 
-async fn dead_letter<H>(ctx: &Context<H>, d: &Delivery, mut headers: FieldTable, reason: DeadReason) -> Result<(), PublishError> {
+async fn dead_letter<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut headers: FieldTable,
+    reason: DeadReason,
+) -> Result<(), PublishError> {
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
-    let props = d.properties.clone().with_headers(headers).with_delivery_mode(2);
+    let props = d
+        .properties
+        .clone()
+        .with_headers(headers)
+        .with_delivery_mode(2);
     ctx.publisher.dead_letter(&d.data, props).await
 }
 
@@ -118,5 +160,8 @@ fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, 
 }
 
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }

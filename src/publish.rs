@@ -37,10 +37,22 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub async fn new(conn: &Connection, topology: Topology, delay: DelayBackend, confirm_timeout: Duration) -> Result<Self, lapin::Error> {
+    pub async fn new(
+        conn: &Connection,
+        topology: Topology,
+        delay: DelayBackend,
+        confirm_timeout: Duration,
+    ) -> Result<Self, lapin::Error> {
         let channel = conn.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
-        Ok(Publisher { channel, topology, delay, confirm_timeout })
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Publisher {
+            channel,
+            topology,
+            delay,
+            confirm_timeout,
+        })
     }
 
     pub fn is_connected(&self) -> bool {
@@ -49,10 +61,17 @@ impl Publisher {
 
     /// Publishes a prepared notification: to the intake exchange, or with a
     /// `delay` straight to the work queue through the delay mechanism.
-    pub async fn publish_new(&self, n: &Prepared, delay: Option<Duration>) -> Result<(), PublishError> {
+    pub async fn publish_new(
+        &self,
+        n: &Prepared,
+        delay: Option<Duration>,
+    ) -> Result<(), PublishError> {
         let props = notification_properties(&n.id);
         match delay {
-            None => self.confirmed(&self.topology.intake, "", true, &n.payload, props).await,
+            None => {
+                self.confirmed(&self.topology.intake, "", true, &n.payload, props)
+                    .await
+            }
             Some(d) => {
                 let mut headers = FieldTable::default();
                 self.delayed(&n.payload, props, &mut headers, d).await
@@ -61,33 +80,69 @@ impl Publisher {
     }
 
     /// Republishes a failed delivery to wait `delay` before its next attempt.
-    pub async fn retry(&self, payload: &[u8], props: BasicProperties, mut headers: FieldTable, delay: Duration) -> Result<(), PublishError> {
+    pub async fn retry(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+        mut headers: FieldTable,
+        delay: Duration,
+    ) -> Result<(), PublishError> {
         self.delayed(payload, props, &mut headers, delay).await
     }
 
-    async fn delayed(&self, payload: &[u8], props: BasicProperties, headers: &mut FieldTable, delay: Duration) -> Result<(), PublishError> {
+    async fn delayed(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+        headers: &mut FieldTable,
+        delay: Duration,
+    ) -> Result<(), PublishError> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
         let route = self.delay.route(&self.topology, ms, headers);
         let props = props.with_headers(std::mem::take(headers));
-        self.confirmed(&route.exchange, &route.routing_key, false, payload, props).await
+        self.confirmed(&route.exchange, &route.routing_key, false, payload, props)
+            .await
     }
 
     /// Publishes to the dead-letter queue (default exchange, mandatory, so a
     /// missing queue is an error rather than a silent drop).
-    pub async fn dead_letter(&self, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
-        self.confirmed("", &self.topology.dead, true, payload, props).await
+    pub async fn dead_letter(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), PublishError> {
+        self.confirmed("", &self.topology.dead, true, payload, props)
+            .await
     }
 
     /// Publishes to the work queue only (used by replay).
-    pub async fn to_work_queue(&self, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
-        self.confirmed("", &self.topology.work, true, payload, props).await
+    pub async fn to_work_queue(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), PublishError> {
+        self.confirmed("", &self.topology.work, true, payload, props)
+            .await
     }
 
-    async fn confirmed(&self, exchange: &str, key: &str, mandatory: bool, payload: &[u8], props: BasicProperties) -> Result<(), PublishError> {
-        let opts = BasicPublishOptions { mandatory, ..Default::default() };
+    async fn confirmed(
+        &self,
+        exchange: &str,
+        key: &str,
+        mandatory: bool,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), PublishError> {
+        let opts = BasicPublishOptions {
+            mandatory,
+            ..Default::default()
+        };
         let publish = async {
-            let confirm = self.channel.basic_publish(exchange.into(), key.into(), opts, payload, props).await?;
-            Ok::<_, lapin::Error>(confirm.await?)
+            let confirm = self
+                .channel
+                .basic_publish(exchange.into(), key.into(), opts, payload, props)
+                .await?;
+            confirm.await
         };
         match tokio::time::timeout(self.confirm_timeout, publish).await {
             Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
@@ -122,7 +177,8 @@ pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage>
     let mut fields: BTreeMap<String, Box<RawValue>> =
         serde_json::from_str(json).map_err(|e| InvalidMessage::Json(e.to_string()))?;
     if !fields.contains_key("id") {
-        let id = serde_json::to_string(&uuid::Uuid::new_v4().to_string()).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+        let id = serde_json::to_string(&uuid::Uuid::new_v4().to_string())
+            .map_err(|e| InvalidMessage::Json(e.to_string()))?;
         let raw = RawValue::from_string(id).map_err(|e| InvalidMessage::Json(e.to_string()))?;
         fields.insert("id".into(), raw);
     }

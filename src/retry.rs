@@ -90,27 +90,67 @@ mod tests {
     #[test]
     fn retries_until_max_attempts_then_dead() {
         let f = c(Verdict::Retryable, Some(500), None);
-        assert_eq!(d(&f, 1), Action::Retry { delay: Duration::from_secs(1) });
-        assert_eq!(d(&f, 2), Action::Retry { delay: Duration::from_secs(2) });
-        assert_eq!(d(&f, 3), Action::DeadLetter { reason: DeadReason::MaxAttempts });
+        assert_eq!(
+            d(&f, 1),
+            Action::Retry {
+                delay: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(
+            d(&f, 2),
+            Action::Retry {
+                delay: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(
+            d(&f, 3),
+            Action::DeadLetter {
+                reason: DeadReason::MaxAttempts
+            }
+        );
     }
 
     #[test]
     fn success_acks_and_permanent_dead_letters() {
         assert_eq!(d(&c(Verdict::Success, Some(200), None), 3), Action::Ack);
         let p = c(Verdict::Permanent, Some(410), None);
-        assert_eq!(d(&p, 1), Action::DeadLetter { reason: DeadReason::PermanentStatus });
+        assert_eq!(
+            d(&p, 1),
+            Action::DeadLetter {
+                reason: DeadReason::PermanentStatus
+            }
+        );
         let r = c(Verdict::Permanent, None, None);
-        assert_eq!(d(&r, 1), Action::DeadLetter { reason: DeadReason::Permanent });
+        assert_eq!(
+            d(&r, 1),
+            Action::DeadLetter {
+                reason: DeadReason::Permanent
+            }
+        );
     }
 
     #[test]
     fn retry_after_raises_the_delay_but_is_capped() {
         let ra = c(Verdict::Retryable, Some(429), Some(3));
-        assert_eq!(d(&ra, 1), Action::Retry { delay: Duration::from_secs(3) });
+        assert_eq!(
+            d(&ra, 1),
+            Action::Retry {
+                delay: Duration::from_secs(3)
+            }
+        );
         let huge = c(Verdict::Retryable, Some(503), Some(3600));
-        assert_eq!(d(&huge, 1), Action::Retry { delay: Duration::from_secs(4) });
+        assert_eq!(
+            d(&huge, 1),
+            Action::Retry {
+                delay: Duration::from_secs(4)
+            }
+        );
         let small = c(Verdict::Retryable, Some(503), Some(0));
-        assert_eq!(d(&small, 2), Action::Retry { delay: Duration::from_secs(2) });
+        assert_eq!(
+            d(&small, 2),
+            Action::Retry {
+                delay: Duration::from_secs(2)
+            }
+        );
     }
 }

@@ -44,7 +44,9 @@ pub struct AttemptRecord<'a> {
 impl RetryState {
     /// Reads the state; a header of the wrong type is a tampered message.
     pub fn from_headers(h: Option<&FieldTable>) -> Result<Self, InvalidMessage> {
-        let Some(h) = h else { return Ok(Self::default()) };
+        let Some(h) = h else {
+            return Ok(Self::default());
+        };
         let m = h.inner();
         let attempts = match m.get(H_ATTEMPT) {
             None => 0,
@@ -54,14 +56,21 @@ impl RetryState {
         };
         let first_attempt_at = match m.get(H_FIRST_AT) {
             None => None,
-            Some(v) => Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, format!("{v:?}")))?),
+            Some(v) => {
+                Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, format!("{v:?}")))?)
+            }
         };
         let id = m.get(H_ID).and_then(string);
         let history = match m.get(H_HISTORY) {
             Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
             _ => Vec::new(),
         };
-        Ok(RetryState { attempts, first_attempt_at, id, history })
+        Ok(RetryState {
+            attempts,
+            first_attempt_at,
+            id,
+            history,
+        })
     }
 
     /// Adds one attempt to the state.
@@ -71,7 +80,10 @@ impl RetryState {
         let mut e = FieldTable::default();
         e.insert("attempt".into(), AMQPValue::LongLongInt(r.attempt.into()));
         e.insert("at".into(), AMQPValue::LongLongInt(r.at_ms));
-        e.insert("duration_ms".into(), AMQPValue::LongLongInt(r.duration_ms as i64));
+        e.insert(
+            "duration_ms".into(),
+            AMQPValue::LongLongInt(r.duration_ms as i64),
+        );
         if let Some(s) = r.classified.status {
             e.insert("status".into(), AMQPValue::LongInt(s.into()));
         }
@@ -87,9 +99,16 @@ impl RetryState {
     }
 
     /// The original headers with this state written over them.
-    pub fn to_headers(&self, original: Option<&FieldTable>, last: Option<&Classified>) -> FieldTable {
+    pub fn to_headers(
+        &self,
+        original: Option<&FieldTable>,
+        last: Option<&Classified>,
+    ) -> FieldTable {
         let mut h = original.cloned().unwrap_or_default();
-        h.insert(H_ATTEMPT.into(), AMQPValue::LongLongInt(self.attempts.into()));
+        h.insert(
+            H_ATTEMPT.into(),
+            AMQPValue::LongLongInt(self.attempts.into()),
+        );
         if let Some(at) = self.first_attempt_at {
             h.insert(H_FIRST_AT.into(), AMQPValue::LongLongInt(at));
         }
@@ -99,7 +118,10 @@ impl RetryState {
         if let Some(c) = last {
             set_last(&mut h, c.status, c.error.as_deref());
         }
-        h.insert(H_HISTORY.into(), AMQPValue::FieldArray(FieldArray::from(self.history.clone())));
+        h.insert(
+            H_HISTORY.into(),
+            AMQPValue::FieldArray(FieldArray::from(self.history.clone())),
+        );
         h
     }
 }
@@ -113,7 +135,10 @@ pub fn set_last(h: &mut FieldTable, status: Option<u16>, error: Option<&str>) {
         h.insert(H_LAST_STATUS.into(), AMQPValue::LongInt(s.into()));
     }
     if let Some(e) = error {
-        h.insert(H_LAST_ERROR.into(), long_string(truncate(e, MAX_ERROR_CHARS)));
+        h.insert(
+            H_LAST_ERROR.into(),
+            long_string(truncate(e, MAX_ERROR_CHARS)),
+        );
     }
 }
 
@@ -168,10 +193,21 @@ mod tests {
 
     #[test]
     fn state_round_trips_through_headers() {
-        let c = Classified { verdict: Verdict::Retryable, status: Some(500), error: Some("HTTP 500".into()), retry_after: None };
+        let c = Classified {
+            verdict: Verdict::Retryable,
+            status: Some(500),
+            error: Some("HTTP 500".into()),
+            retry_after: None,
+        };
         let mut s = RetryState::from_headers(None).unwrap();
         for attempt in 1..=30 {
-            s.record(&AttemptRecord { attempt, at_ms: 1000 + attempt as i64, duration_ms: 5, classified: &c, delay_ms: Some(10) });
+            s.record(&AttemptRecord {
+                attempt,
+                at_ms: 1000 + attempt as i64,
+                duration_ms: 5,
+                classified: &c,
+                delay_ms: Some(10),
+            });
         }
         let mut orig = FieldTable::default();
         orig.insert("keep".into(), long_string("me"));
@@ -180,7 +216,10 @@ mod tests {
         assert_eq!(back.attempts, 30);
         assert_eq!(back.first_attempt_at, Some(1001));
         assert_eq!(back.history.len(), MAX_HISTORY);
-        assert_eq!(get(Some(&h), "keep").and_then(string).as_deref(), Some("me"));
+        assert_eq!(
+            get(Some(&h), "keep").and_then(string).as_deref(),
+            Some("me")
+        );
         assert_eq!(get(Some(&h), H_LAST_STATUS).and_then(int), Some(500));
     }
 

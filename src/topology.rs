@@ -40,9 +40,17 @@ pub enum TopologyError {
     )]
     DelayedExchangeMissing,
     #[error("{what} {name:?} exists with different settings ({detail}); delete it or use another --prefix")]
-    Mismatch { what: &'static str, name: String, detail: String },
+    Mismatch {
+        what: &'static str,
+        name: String,
+        detail: String,
+    },
     #[error("declaring {what} {name:?} failed: {source}")]
-    Amqp { what: &'static str, name: String, source: lapin::Error },
+    Amqp {
+        what: &'static str,
+        name: String,
+        source: lapin::Error,
+    },
 }
 
 impl Topology {
@@ -58,13 +66,29 @@ impl Topology {
 
     /// Declares everything. A broker-side error closes the channel, so each
     /// call gets a channel of its own from the caller on failure.
-    pub async fn declare(&self, ch: &Channel, queue_type: QueueType, delay: DelayBackend) -> Result<(), TopologyError> {
-        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
-        ch.exchange_declare(self.intake.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
-            .await
-            .map_err(|e| classify("exchange", &self.intake, e))?;
+    pub async fn declare(
+        &self,
+        ch: &Channel,
+        queue_type: QueueType,
+        delay: DelayBackend,
+    ) -> Result<(), TopologyError> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.exchange_declare(
+            self.intake.as_str().into(),
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("exchange", &self.intake, e))?;
         delay.declare(ch, self).await?;
-        let q = QueueDeclareOptions { durable: true, ..Default::default() };
+        let q = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
         ch.queue_declare(self.work.as_str().into(), q, work_args(queue_type))
             .await
             .map_err(|e| classify("queue", &self.work, e))?;
@@ -103,7 +127,10 @@ fn work_args(queue_type: QueueType) -> FieldTable {
 /// acking, and a classic queue requeues in order without adding headers.
 fn dead_args() -> FieldTable {
     let mut a = FieldTable::default();
-    a.insert("x-queue-type".into(), AMQPValue::LongString("classic".into()));
+    a.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("classic".into()),
+    );
     // x-queue-mode: lazy keeps a large backlog of dead letters on disk, not in RAM.
     a.insert("x-queue-mode".into(), AMQPValue::LongString("lazy".into()));
     a
@@ -113,12 +140,22 @@ fn dead_args() -> FieldTable {
 pub(crate) fn classify(what: &'static str, name: &str, e: lapin::Error) -> TopologyError {
     if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
         let text = amqp.get_message().as_str().to_string();
-        if text.contains("x-delayed-message") && (text.contains("unknown exchange type") || text.contains("invalid")) {
+        if text.contains("x-delayed-message")
+            && (text.contains("unknown exchange type") || text.contains("invalid"))
+        {
             return TopologyError::DelayedExchangeMissing;
         }
         if text.contains("PRECONDITION_FAILED") || text.contains("inequivalent") {
-            return TopologyError::Mismatch { what, name: name.to_string(), detail: text };
+            return TopologyError::Mismatch {
+                what,
+                name: name.to_string(),
+                detail: text,
+            };
         }
     }
-    TopologyError::Amqp { what, name: name.to_string(), source: e }
+    TopologyError::Amqp {
+        what,
+        name: name.to_string(),
+        source: e,
+    }
 }

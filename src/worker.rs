@@ -38,7 +38,12 @@ pub enum WorkerError {
 /// `settings.concurrency` in flight: a semaphore permit is taken *before*
 /// the next delivery is pulled, and the prefetch matches, so the broker
 /// never hands this process more than it can work on.
-pub async fn run<H: DeliveryHandler>(broker: &BrokerSettings, settings: WorkerSettings, handler: H, shutdown: CancellationToken) -> Result<(), WorkerError> {
+pub async fn run<H: DeliveryHandler>(
+    broker: &BrokerSettings,
+    settings: WorkerSettings,
+    handler: H,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
     if settings.concurrency == 0 {
         return Err(WorkerError::Concurrency);
     }
@@ -47,21 +52,47 @@ pub async fn run<H: DeliveryHandler>(broker: &BrokerSettings, settings: WorkerSe
         .url
         .connect("redeliver run")
         .await
-        .map_err(|source| WorkerError::Connect { url: broker.url.redacted(), source })?;
-    topology.declare(&conn.create_channel().await?, broker.queue_type, broker.delay).await?;
-    let publisher = Publisher::new(&conn, topology.clone(), broker.delay, settings.confirm_timeout).await?;
+        .map_err(|source| WorkerError::Connect {
+            url: broker.url.redacted(),
+            source,
+        })?;
+    topology
+        .declare(
+            &conn.create_channel().await?,
+            broker.queue_type,
+            broker.delay,
+        )
+        .await?;
+    let publisher = Publisher::new(
+        &conn,
+        topology.clone(),
+        broker.delay,
+        settings.confirm_timeout,
+    )
+    .await?;
     let channel = conn.create_channel().await?;
     let prefetch = u16::try_from(settings.concurrency).unwrap_or(u16::MAX);
     // prefetch = concurrency: unacked deliveries never exceed what we can work on.
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     let mut consumer = channel
-        .basic_consume(topology.work.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            topology.work.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
 
     let grace = settings.shutdown_grace;
     let semaphore = Arc::new(Semaphore::new(settings.concurrency));
-    let ctx = Arc::new(Context { handler, publisher, settings });
+    let ctx = Arc::new(Context {
+        handler,
+        publisher,
+        settings,
+    });
     let tracker = TaskTracker::new();
     let result = loop {
         let permit = tokio::select! {
@@ -97,10 +128,20 @@ pub async fn run<H: DeliveryHandler>(broker: &BrokerSettings, settings: WorkerSe
 
 /// Stops taking deliveries and gives in-flight ones `grace` to finish.
 /// Whatever is still unacked returns to the queue when the connection closes.
-async fn drain(channel: &lapin::Channel, tag: &str, tracker: &TaskTracker, grace: std::time::Duration) {
-    let _ = channel.basic_cancel(tag.into(), BasicCancelOptions::default()).await;
+async fn drain(
+    channel: &lapin::Channel,
+    tag: &str,
+    tracker: &TaskTracker,
+    grace: std::time::Duration,
+) {
+    let _ = channel
+        .basic_cancel(tag.into(), BasicCancelOptions::default())
+        .await;
     tracker.close();
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-        warn!(in_flight = tracker.len(), "shutdown grace over; unacked deliveries return to the queue");
+        warn!(
+            in_flight = tracker.len(),
+            "shutdown grace over; unacked deliveries return to the queue"
+        );
     }
 }

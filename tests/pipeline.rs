@@ -18,7 +18,10 @@ async fn first_time_success_is_delivered_once() {
     let (url, p) = (broker_url(), prefix("ok"));
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
-    let text = format!(r#"{{"url": "{}", "body": {{"amount": 1.50, "z": [1]}}, "headers": {{"X-Tenant": "t1"}}}}"#, rx.url("/hook"));
+    let text = format!(
+        r#"{{"url": "{}", "body": {{"amount": 1.50, "z": [1]}}, "headers": {{"X-Tenant": "t1"}}}}"#,
+        rx.url("/hook")
+    );
     let ids = publish(&url, &p, &[text]).await;
     assert!(wait_until(WAIT, || rx.count() == 1).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -27,10 +30,17 @@ async fn first_time_success_is_delivered_once() {
     assert_eq!(rx.count(), 1);
     assert_eq!(r.method, "POST");
     assert_eq!(r.path, "/hook");
-    assert_eq!(&r.body[..], br#"{"amount": 1.50, "z": [1]}"#, "the body bytes are sent unchanged");
+    assert_eq!(
+        &r.body[..],
+        br#"{"amount": 1.50, "z": [1]}"#,
+        "the body bytes are sent unchanged"
+    );
     assert_eq!(r.id(), ids[0]);
     assert_eq!(r.header("x-tenant").as_deref(), Some("t1"));
-    assert_eq!(r.header("content-type").as_deref(), Some("application/json"));
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/json")
+    );
     assert_eq!(r.header("redeliver-attempt").as_deref(), Some("1"));
     assert!(r.header("user-agent").unwrap().starts_with("redeliver/"));
     let ts: u64 = r.header("webhook-timestamp").unwrap().parse().unwrap();
@@ -43,9 +53,24 @@ async fn first_time_success_is_delivered_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fails_twice_then_succeeds_on_schedule_with_a_stable_id() {
     let (url, p) = (broker_url(), prefix("twice"));
-    let rx = Receiver::start(|r| if r.nth <= 2 { Reply::status(500) } else { Reply::status(200) }).await;
+    let rx = Receiver::start(|r| {
+        if r.nth <= 2 {
+            Reply::status(500)
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
     let w = spawn_worker(&url, &p, schedule_settings("1s,2s", 5, 4));
-    publish(&url, &p, &[format!(r#"{{"url": "{}", "body": {{"n": 1}}}}"#, rx.url("/"))]).await;
+    publish(
+        &url,
+        &p,
+        &[format!(
+            r#"{{"url": "{}", "body": {{"n": 1}}}}"#,
+            rx.url("/")
+        )],
+    )
+    .await;
     assert!(wait_until(WAIT, || rx.count() == 3).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     w.stop().await;
@@ -54,11 +79,17 @@ async fn fails_twice_then_succeeds_on_schedule_with_a_stable_id() {
     for (i, want) in [(1, 1000u128), (2, 2000u128)] {
         let gap = reqs[i].at.duration_since(reqs[i - 1].at).as_millis();
         println!("gap {i}: {gap} ms (scheduled {want} ms)");
-        assert!(gap >= want && gap < want + 500, "gap {i} was {gap} ms, scheduled {want} ms");
+        assert!(
+            gap >= want && gap < want + 500,
+            "gap {i} was {gap} ms, scheduled {want} ms"
+        );
     }
     let ids: HashSet<_> = reqs.iter().map(|r| r.id()).collect();
     assert_eq!(ids.len(), 1, "webhook-id is identical on every attempt");
-    let attempts: Vec<_> = reqs.iter().map(|r| r.header("redeliver-attempt").unwrap()).collect();
+    let attempts: Vec<_> = reqs
+        .iter()
+        .map(|r| r.header("redeliver-attempt").unwrap())
+        .collect();
     assert_eq!(attempts, ["1", "2", "3"]);
     assert!(reqs.iter().all(|r| &r.body[..] == br#"{"n": 1}"#));
     cleanup(&url, &p).await;
@@ -69,7 +100,12 @@ async fn always_failing_is_dead_lettered_after_max_attempts() {
     let (url, p) = (broker_url(), prefix("dead"));
     let rx = Receiver::start(|_| Reply::status(503).body("down")).await;
     let w = spawn_worker(&url, &p, schedule_settings("200ms", 3, 4));
-    let ids = publish(&url, &p, &[json!({"url": rx.url("/"), "body": "x", "id": "order-7"})]).await;
+    let ids = publish(
+        &url,
+        &p,
+        &[json!({"url": rx.url("/"), "body": "x", "id": "order-7"})],
+    )
+    .await;
     assert_eq!(ids, ["order-7"]);
     assert!(wait_until(WAIT, || rx.count() >= 3).await);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -84,7 +120,10 @@ async fn always_failing_is_dead_lettered_after_max_attempts() {
     assert_eq!(d.str(H_LAST_ERROR).as_deref(), Some("HTTP 503"));
     let first = d.int(H_FIRST_AT).unwrap();
     let dead_at = d.int(H_DEAD_AT).unwrap();
-    assert!(dead_at >= first + 400, "first attempt {first}, dead at {dead_at}");
+    assert!(
+        dead_at >= first + 400,
+        "first attempt {first}, dead at {dead_at}"
+    );
     match d.get(H_HISTORY) {
         Some(lapin::types::AMQPValue::FieldArray(a)) => assert_eq!(a.as_slice().len(), 3),
         other => panic!("no history: {other:?}"),
@@ -106,7 +145,10 @@ async fn permanent_status_is_dead_after_one_attempt() {
     w.stop().await;
     assert_eq!(rx.count(), 1);
     let dead = drain_dead(&url, &p).await;
-    assert_eq!(dead[0].str(H_DEAD_REASON).as_deref(), Some("permanent-status"));
+    assert_eq!(
+        dead[0].str(H_DEAD_REASON).as_deref(),
+        Some("permanent-status")
+    );
     assert_eq!(dead[0].int(H_LAST_STATUS), Some(410));
     assert_eq!(dead[0].int(H_ATTEMPT), Some(1));
     cleanup(&url, &p).await;
@@ -125,20 +167,38 @@ async fn wait_until_async_dead(url: &str, p: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn success_body_mismatch_counts_as_failure() {
     let (url, p) = (broker_url(), prefix("sbody"));
-    let rx = Receiver::start(|r| Reply::status(200).body(if r.nth == 1 { "ok" } else { " success\n" })).await;
+    let rx =
+        Receiver::start(|r| Reply::status(200).body(if r.nth == 1 { "ok" } else { " success\n" }))
+            .await;
     let w = spawn_worker(&url, &p, schedule_settings("200ms", 5, 4));
-    publish(&url, &p, &[json!({"url": rx.url("/"), "success_body": "success"})]).await;
+    publish(
+        &url,
+        &p,
+        &[json!({"url": rx.url("/"), "success_body": "success"})],
+    )
+    .await;
     assert!(wait_until(WAIT, || rx.count() == 2).await);
     tokio::time::sleep(Duration::from_millis(800)).await;
     w.stop().await;
-    assert_eq!(rx.count(), 2, "a 200 with the wrong body was retried, the right body ended it");
+    assert_eq!(
+        rx.count(),
+        2,
+        "a 200 with the wrong body was retried, the right body ended it"
+    );
     cleanup(&url, &p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retry_after_is_honoured() {
     let (url, p) = (broker_url(), prefix("ra"));
-    let rx = Receiver::start(|r| if r.nth == 1 { Reply::status(429).header("Retry-After", "2") } else { Reply::status(204) }).await;
+    let rx = Receiver::start(|r| {
+        if r.nth == 1 {
+            Reply::status(429).header("Retry-After", "2")
+        } else {
+            Reply::status(204)
+        }
+    })
+    .await;
     let mut settings = schedule_settings("100ms", 5, 4);
     settings.policy.backoff = redeliver::policy::Backoff::Exponential {
         initial: Duration::from_millis(100),
@@ -152,7 +212,10 @@ async fn retry_after_is_honoured() {
     w.stop().await;
     let reqs = rx.requests();
     let gap = reqs[1].at.duration_since(reqs[0].at);
-    assert!(gap >= Duration::from_secs(2) && gap < Duration::from_millis(2500), "gap {gap:?}");
+    assert!(
+        gap >= Duration::from_secs(2) && gap < Duration::from_millis(2500),
+        "gap {gap:?}"
+    );
     cleanup(&url, &p).await;
 }
 
@@ -160,7 +223,9 @@ async fn retry_after_is_honoured() {
 async fn concurrency_is_bounded_and_reached() {
     let (url, p) = (broker_url(), prefix("conc"));
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(200))).await;
-    let batch: Vec<_> = (0..200).map(|i| json!({"url": rx.url("/"), "body": i})).collect();
+    let batch: Vec<_> = (0..200)
+        .map(|i| json!({"url": rx.url("/"), "body": i}))
+        .collect();
     publish(&url, &p, &batch).await;
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 8));
     assert!(wait_until(Duration::from_secs(30), || rx.count() == 200).await);
@@ -191,12 +256,18 @@ async fn invalid_messages_are_dead_lettered_with_their_bytes() {
     }
     let mut tampered = lapin::types::FieldTable::default();
     tampered.insert(H_ATTEMPT.into(), long_string("lots"));
-    publish_raw(&url, &p, json!({"url": rx.url("/")}).to_string().as_bytes(), Some(tampered)).await;
+    publish_raw(
+        &url,
+        &p,
+        json!({"url": rx.url("/")}).to_string().as_bytes(),
+        Some(tampered),
+    )
+    .await;
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
     let mut dead = vec![];
     for _ in 0..100 {
         dead.extend(drain_dead(&url, &p).await);
-        if dead.len() >= bad.len() + 1 {
+        if dead.len() > bad.len() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,7 +277,11 @@ async fn invalid_messages_are_dead_lettered_with_their_bytes() {
     assert_eq!(rx.count(), 0);
     let bodies: HashSet<Vec<u8>> = dead.iter().map(|d| d.body.clone()).collect();
     for b in &bad {
-        assert!(bodies.contains(*b), "original bytes kept for {:?}", String::from_utf8_lossy(b));
+        assert!(
+            bodies.contains(*b),
+            "original bytes kept for {:?}",
+            String::from_utf8_lossy(b)
+        );
     }
     for d in &dead {
         assert_eq!(d.str(H_DEAD_REASON).as_deref(), Some("invalid"));
@@ -219,10 +294,20 @@ async fn invalid_messages_are_dead_lettered_with_their_bytes() {
 async fn two_processes_share_the_work() {
     let (url, p) = (broker_url(), prefix("two"));
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(5))).await;
-    let logs: Vec<_> = (0..2).map(|i| std::env::temp_dir().join(format!("{p}-{i}.log"))).collect();
+    let logs: Vec<_> = (0..2)
+        .map(|i| std::env::temp_dir().join(format!("{p}-{i}.log")))
+        .collect();
     let spawn = |log: &std::path::PathBuf| {
         std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-            .args(["--amqp-url", &url, "--prefix", &p, "run", "--concurrency", "4"])
+            .args([
+                "--amqp-url",
+                &url,
+                "--prefix",
+                &p,
+                "run",
+                "--concurrency",
+                "4",
+            ])
             .env("RUST_LOG", "info")
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
@@ -232,7 +317,9 @@ async fn two_processes_share_the_work() {
     publish(&url, &p, &[] as &[String]).await;
     let mut procs = [spawn(&logs[0]), spawn(&logs[1])];
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let batch: Vec<_> = (0..500).map(|i| json!({"url": rx.url("/"), "id": format!("n-{i}")})).collect();
+    let batch: Vec<_> = (0..500)
+        .map(|i| json!({"url": rx.url("/"), "id": format!("n-{i}")}))
+        .collect();
     publish(&url, &p, &batch).await;
     let done = wait_until(Duration::from_secs(60), || rx.count() >= 500).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -252,27 +339,54 @@ async fn two_processes_share_the_work() {
     assert!(per_id.values().all(|&n| n == 1), "none twice");
     let delivered: Vec<usize> = logs
         .iter()
-        .map(|l| std::fs::read_to_string(l).unwrap().lines().filter(|l| l.contains("outcome=\"delivered\"")).count())
+        .map(|l| {
+            std::fs::read_to_string(l)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("outcome=\"delivered\""))
+                .count()
+        })
         .collect();
     println!("deliveries per process: {delivered:?}");
-    assert!(delivered.iter().all(|&n| n > 0), "both processes delivered some: {delivered:?}");
+    assert!(
+        delivered.iter().all(|&n| n > 0),
+        "both processes delivered some: {delivered:?}"
+    );
     assert_eq!(delivered.iter().sum::<usize>(), 500);
     cleanup(&url, &p).await;
 }
 
 fn unsafe_sigterm(pid: u32) {
-    let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_plugin_is_one_clear_sentence() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(["--amqp-url", &common::plain_broker_url(), "--prefix", &prefix("noplugin"), "run"])
+        .args([
+            "--amqp-url",
+            &common::plain_broker_url(),
+            "--prefix",
+            &prefix("noplugin"),
+            "run",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("the broker has no `x-delayed-message` exchange type"), "{stderr}");
-    assert!(stderr.contains("rabbitmq_delayed_message_exchange"), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "one sentence, no stack of AMQP errors: {stderr}");
+    assert!(
+        stderr.contains("the broker has no `x-delayed-message` exchange type"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rabbitmq_delayed_message_exchange"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "one sentence, no stack of AMQP errors: {stderr}"
+    );
 }
