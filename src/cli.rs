@@ -10,7 +10,12 @@ use crate::policy::Jitter;
 use crate::topology::QueueType;
 
 #[derive(Debug, Parser)]
-#[command(name = "redeliver", version, about = "Reliable HTTP notification delivery over RabbitMQ", long_about = None)]
+#[command(
+    name = "redeliver",
+    version,
+    about = "Reliable HTTP notification delivery over RabbitMQ",
+    after_help = "Quick start against the local test broker:\n  tests/broker/ctl up\n  export REDELIVER_AMQP_URL='amqp://guest:guest@127.0.0.1:5674/%2f'\n  redeliver run &\n  redeliver publish --url http://127.0.0.1:8080/hook --body '{\"ok\":true}'"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -130,34 +135,34 @@ pub struct PublishArgs {
     )]
     pub url: Option<String>,
     /// JSON request body.
-    #[arg(long, conflicts_with_all = ["body_file", "file"])]
+    #[arg(long, env = "REDELIVER_PUBLISH_BODY", conflicts_with_all = ["body_file", "file"])]
     pub body: Option<String>,
     /// Read the JSON request body from a file.
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_BODY_FILE", conflicts_with = "file")]
     pub body_file: Option<PathBuf>,
     /// Notification id (default: a new UUID). Receivers deduplicate on it.
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_ID", conflicts_with = "file")]
     pub id: Option<String>,
     /// Extra request header, `Name: value`; repeatable.
-    #[arg(long = "header", value_name = "K:V", conflicts_with = "file")]
+    #[arg(long = "header", value_name = "K:V", env = "REDELIVER_PUBLISH_HEADERS", value_delimiter = '\n', conflicts_with = "file")]
     pub headers: Vec<String>,
     /// HTTP method (default POST).
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_METHOD", conflicts_with = "file")]
     pub method: Option<String>,
     /// Per-notification max attempts.
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_MAX_ATTEMPTS", conflicts_with = "file")]
     pub max_attempts: Option<u64>,
     /// Per-notification schedule, e.g. 1s,5s,30s.
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_SCHEDULE", conflicts_with = "file")]
     pub schedule: Option<String>,
     /// Per-notification expected response body.
-    #[arg(long, conflicts_with = "file")]
+    #[arg(long, env = "REDELIVER_PUBLISH_SUCCESS_BODY", conflicts_with = "file")]
     pub success_body: Option<String>,
     /// Delay the first delivery (sent through the retry exchange).
-    #[arg(long, value_parser = duration)]
+    #[arg(long, env = "REDELIVER_PUBLISH_DELAY", value_parser = duration)]
     pub delay: Option<Duration>,
     /// JSON lines, one notification object per line; `-` reads stdin.
-    #[arg(long)]
+    #[arg(long, env = "REDELIVER_PUBLISH_FILE")]
     pub file: Option<PathBuf>,
     /// Largest notification accepted.
     #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]

@@ -1,0 +1,115 @@
+//! `redeliver publish` as a user runs it: the built binary, real broker.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::harness::*;
+use common::receiver::{Receiver, Reply};
+use common::{broker_url, prefix};
+
+fn redeliver(url: &str, p: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args(["--amqp-url", url, "--prefix", p])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redeliver");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_is_published_and_its_ids_printed() {
+    let (url, p) = (broker_url(), prefix("file"));
+    let lines = "{\"url\":\"http://127.0.0.1:9/a\",\"id\":\"one\"}\n\n{\"url\":\"http://127.0.0.1:9/b\",\"body\":[1]}\n{\"url\":\"http://127.0.0.1:9/c\"}\n";
+    let out = redeliver(&url, &p, &["publish", "--file", "-"], Some(lines));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(ids[0], "one");
+    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 3);
+    cleanup(&url, &p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_line_is_named_and_nothing_is_published() {
+    let (url, p) = (broker_url(), prefix("badline"));
+    // Declare the topology so the queue can be counted afterwards.
+    publish(&url, &p, &[] as &[String]).await;
+    let lines = "{\"url\":\"http://127.0.0.1:9/a\"}\n{\"url\":\"ftp://nope/\"}\n";
+    let out = redeliver(&url, &p, &["publish", "--file", "-"], Some(lines));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(stderr.contains("only http and https"), "{stderr}");
+    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 0);
+    let out = redeliver(
+        &url,
+        &p,
+        &["publish", "--url", "http://x/", "--body", "{not json"],
+        None,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid JSON"));
+    cleanup(&url, &p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_publish_with_flags_and_delay_is_delivered_late() {
+    let (url, p) = (broker_url(), prefix("delay"));
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let target = rx.url("/cb");
+    let args = [
+        "publish",
+        "--url",
+        &target,
+        "--body",
+        r#"{"a": 1}"#,
+        "--id",
+        "fixed-id",
+        "--header",
+        "X-One: 1",
+        "--method",
+        "PUT",
+        "--delay",
+        "1500ms",
+    ];
+    let out = redeliver(&url, &p, &args, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "fixed-id");
+    assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
+    let r = &rx.requests()[0];
+    let late = r.at.duration_since(started);
+    assert!(
+        late >= Duration::from_millis(1500),
+        "delivered after {late:?}"
+    );
+    assert_eq!(r.method, "PUT");
+    assert_eq!(r.header("x-one").as_deref(), Some("1"));
+    assert_eq!(r.id(), "fixed-id");
+    assert_eq!(&r.body[..], br#"{"a":1}"#);
+    w.stop().await;
+    cleanup(&url, &p).await;
+}
