@@ -53,6 +53,105 @@ pub enum Command {
     Run(RunArgs),
     /// Publish notifications (one from flags, or JSON lines from a file).
     Publish(PublishArgs),
+    /// Inspect, replay, purge or export dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Queue depths, workers attached, and whether the delay mechanism is available.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// A table of dead letters (non-destructive; order and headers kept).
+    List(DlqListArgs),
+    /// One dead letter in full: body, notification fields, attempt history.
+    Show {
+        /// The notification id.
+        id: String,
+    },
+    /// Republish dead letters to the work queue with a fresh attempt counter.
+    Replay(DlqReplayArgs),
+    /// Delete dead letters (requires --yes).
+    Purge(DlqPurgeArgs),
+    /// Write dead letters as JSON lines (non-destructive); re-import with `publish --file`.
+    Export(DlqExportArgs),
+}
+
+/// Which dead letters: all filters must match.
+#[derive(Debug, Args, Clone, Default)]
+pub struct DlqFilterArgs {
+    /// Only this dead-letter reason (max-attempts, permanent-status, permanent, invalid).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only notifications whose URL contains this text.
+    #[arg(long)]
+    pub url_contains: Option<String>,
+    /// Only those dead-lettered within this long (e.g. 1h).
+    #[arg(long, value_parser = duration)]
+    pub since: Option<Duration>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DlqListArgs {
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    /// At most this many rows.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// One JSON object per line, with every recorded field.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DlqReplayArgs {
+    /// Notification ids to replay.
+    pub ids: Vec<String>,
+    /// Replay every dead letter.
+    #[arg(long, conflicts_with = "ids")]
+    pub all: bool,
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    /// At most this many.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Only list what would be replayed.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DlqPurgeArgs {
+    /// Notification ids to delete (default: all that match the filters).
+    pub ids: Vec<String>,
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    /// Really delete. Without it, nothing changes and the count is shown.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DlqExportArgs {
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    /// JSON lines (the only format; accepted for symmetry with `list --json`).
+    #[arg(long)]
+    pub json: bool,
+    /// Write to this file instead of stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// RabbitMQ management API (e.g. http://127.0.0.1:15672) for the unacked
+    /// count, which AMQP cannot tell. Credentials come from --amqp-url.
+    #[arg(long, env = "REDELIVER_MANAGEMENT_URL")]
+    pub management_url: Option<String>,
 }
 
 #[derive(Debug, Args, Clone)]

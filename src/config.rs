@@ -83,6 +83,21 @@ pub struct WorkerSettings {
     pub confirm_timeout: Duration,
     /// On shutdown, how long in-flight deliveries may take to finish.
     pub shutdown_grace: Duration,
+    /// When set, every attempt's outcome is also sent here (progress
+    /// displays, metrics). Slow receivers lag; the worker never waits.
+    pub events: Option<tokio::sync::broadcast::Sender<AttemptEvent>>,
+}
+
+/// One attempt and what was decided about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptEvent {
+    pub id: String,
+    pub attempt: u32,
+    pub host: String,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub duration: Duration,
+    pub action: crate::retry::Action,
 }
 
 impl Default for WorkerSettings {
@@ -94,6 +109,7 @@ impl Default for WorkerSettings {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             confirm_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
+            events: None,
         }
     }
 }

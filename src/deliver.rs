@@ -125,19 +125,24 @@ async fn read_capped(mut resp: reqwest::Response) -> Result<String, reqwest::Err
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// An error without the URL (it may carry credentials or tokens), with its
-/// causes, so "connection refused" is visible rather than "error sending request".
+/// A short error without the URL (it may carry credentials or tokens):
+/// what failed, and the innermost cause ("connection refused").
 fn describe(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
         return format!("timed out after {}", humantime::format_duration(timeout));
     }
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "reading the response failed"
+    } else {
+        "request failed"
+    };
+    let mut root: &dyn std::error::Error = e;
+    while let Some(cause) = root.source() {
+        root = cause;
     }
+    let mut s = format!("{kind}: {root}");
     if let Some(url) = e.url() {
         s = s.replace(url.as_str(), "<url>");
     }

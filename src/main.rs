@@ -1,15 +1,22 @@
 use clap::Parser;
-use redeliver::cli::{Cli, Command};
+use redeliver::cli::{Cli, Command, DlqCommand};
+use redeliver::{app, ops};
 
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
     redeliver::telemetry::init();
+    let g = &cli.global;
+    let out = &mut std::io::stdout().lock();
     let result = match &cli.command {
-        Command::Run(args) => {
-            redeliver::app::run(&cli.global, args, redeliver::app::shutdown_on_signals()).await
-        }
-        Command::Publish(args) => redeliver::app::publish(&cli.global, args).await,
+        Command::Run(a) => app::run(g, a, app::shutdown_on_signals()).await,
+        Command::Publish(a) => app::publish(g, a).await,
+        Command::Dlq(DlqCommand::List(a)) => ops::dlq_list(g, a, out).await.map(drop),
+        Command::Dlq(DlqCommand::Show { id }) => ops::dlq_show(g, id, out).await,
+        Command::Dlq(DlqCommand::Replay(a)) => ops::dlq_replay(g, a, out).await.map(drop),
+        Command::Dlq(DlqCommand::Purge(a)) => ops::dlq_purge(g, a, out).await.map(drop),
+        Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
+        Command::Status(a) => ops::status(g, a, out).await.map(drop),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

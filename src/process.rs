@@ -2,14 +2,14 @@
 //! decode → deliver → classify → decide → settle (republish, then ack).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
 use tracing::{info, warn};
 
-use crate::config::WorkerSettings;
+use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
 use crate::message::{self, InvalidMessage, Notification};
 use crate::outcome::{classify, Classified};
@@ -89,6 +89,17 @@ async fn attempt<H: DeliveryHandler>(
         delay_ms,
     });
     log_attempt(&n, attempt, &c, &action, duration_ms);
+    if let Some(tx) = &ctx.settings.events {
+        let _ = tx.send(AttemptEvent {
+            id: n.id.clone(),
+            attempt,
+            host: n.url.host_str().unwrap_or("").to_string(),
+            status: c.status,
+            error: c.error.clone(),
+            duration: Duration::from_millis(duration_ms),
+            action,
+        });
+    }
     let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
     match action {
         Action::Ack => Ok(()),

@@ -36,6 +36,17 @@ pub fn ctl(port: u16, args: &[&str]) -> String {
     stdout.lines().last().unwrap_or_default().to_string()
 }
 
+/// Runs `tests/broker/ctl ARGS` and returns its whole stdout.
+pub fn ctl_output(port: u16, args: &[&str]) -> String {
+    let out = Command::new(ctl_path())
+        .args(args)
+        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .output()
+        .expect("tests/broker/ctl could not be run");
+    assert!(out.status.success(), "tests/broker/ctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// AMQP URL of the shared node with the `x-delayed-message` stand-in,
 /// brought up once per test process (`ctl up` is idempotent and locked).
 pub fn broker_url() -> String {

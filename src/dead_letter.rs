@@ -1,0 +1,132 @@
+//! A dead letter as operators see it: the notification, why it died and
+//! its attempt history, decoded from the message and its headers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::types::{AMQPValue, FieldTable};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::state::{self, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS};
+
+/// One dead letter. Serialised as one `--json` line: the notification's own
+/// fields at the top level (so `publish --file` can re-import it) plus a
+/// `dead_letter` object with everything recorded about its death.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub id: String,
+    pub url: Option<String>,
+    pub meta: DeadMeta,
+    /// The original notification object, field by field, exactly as sent;
+    /// `None` when the body is not a JSON object (an `invalid` one).
+    pub notification: Option<BTreeMap<String, Box<RawValue>>>,
+    pub raw: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeadMeta {
+    pub reason: Option<String>,
+    pub attempts: u32,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub first_attempt_at: Option<i64>,
+    pub dead_at: Option<i64>,
+    pub history: Vec<serde_json::Value>,
+    /// Every other header, as JSON.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// The body as (lossy) text, present only when it is not a JSON object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_body: Option<String>,
+}
+
+impl DeadLetter {
+    pub fn from_message(data: &[u8], headers: Option<&FieldTable>, message_id: Option<&str>) -> Self {
+        let notification: Option<BTreeMap<String, Box<RawValue>>> = serde_json::from_slice(data).ok();
+        let field = |k: &str| notification.as_ref().and_then(|n| n.get(k)).and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+        let id = field("id")
+            .or_else(|| state::get(headers, H_ID).and_then(state::string))
+            .or_else(|| message_id.map(str::to_string))
+            .unwrap_or_else(|| "-".to_string());
+        let text = |k| state::get(headers, k).and_then(state::string);
+        let int = |k| state::get(headers, k).and_then(state::int);
+        let history = match state::get(headers, H_HISTORY) {
+            Some(AMQPValue::FieldArray(a)) => a.as_slice().iter().map(to_json).collect(),
+            _ => vec![],
+        };
+        let ours = [H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS];
+        let others = headers
+            .map(|h| h.inner().iter().filter(|(k, _)| !ours.contains(&k.as_str())).map(|(k, v)| (k.to_string(), to_json(v))).collect())
+            .unwrap_or_default();
+        let meta = DeadMeta {
+            reason: text(H_DEAD_REASON),
+            attempts: int(H_ATTEMPT).and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
+            last_status: int(H_LAST_STATUS),
+            last_error: text(H_LAST_ERROR),
+            first_attempt_at: int(H_FIRST_AT),
+            dead_at: int(H_DEAD_AT),
+            history,
+            headers: others,
+            raw_body: notification.is_none().then(|| String::from_utf8_lossy(data).into_owned()),
+        };
+        DeadLetter { id, url: field("url"), meta, notification, raw: data.to_vec() }
+    }
+
+    /// One JSON line: the notification's fields plus `dead_letter`.
+    pub fn to_json_line(&self) -> String {
+        let mut out: BTreeMap<String, Box<RawValue>> = self.notification.clone().unwrap_or_default();
+        if self.notification.is_none() {
+            out.insert("id".into(), raw(&self.id));
+        }
+        out.insert("dead_letter".into(), raw(&self.meta));
+        serde_json::to_string(&out).unwrap_or_default()
+    }
+}
+
+fn raw<T: Serialize>(v: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+}
+
+/// AMQP field values as JSON (byte strings as UTF-8, lossily).
+pub fn to_json(v: &AMQPValue) -> serde_json::Value {
+    use serde_json::Value as J;
+    if let Some(n) = state::int(v) {
+        return J::from(n);
+    }
+    match v {
+        AMQPValue::Boolean(b) => J::from(*b),
+        AMQPValue::Float(f) => J::from(*f as f64),
+        AMQPValue::Double(f) => J::from(*f),
+        AMQPValue::Timestamp(t) => J::from(*t),
+        AMQPValue::LongString(s) => J::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => J::from(s.as_str()),
+        AMQPValue::ByteArray(b) => J::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::FieldArray(a) => J::Array(a.as_slice().iter().map(to_json).collect()),
+        AMQPValue::FieldTable(t) => J::Object(t.inner().iter().map(|(k, v)| (k.to_string(), to_json(v))).collect()),
+        AMQPValue::DecimalValue(d) => J::from(format!("{d:?}")),
+        _ => J::Null,
+    }
+}
+
+/// Which dead letters an operation applies to. Empty means all.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub ids: Vec<String>,
+    pub reason: Option<String>,
+    pub url_contains: Option<String>,
+    /// Only those that died within this long before now.
+    pub since: Option<Duration>,
+}
+
+impl Filter {
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty() && self.reason.is_none() && self.url_contains.is_none() && self.since.is_none()
+    }
+
+    pub fn matches(&self, d: &DeadLetter, now_ms: i64) -> bool {
+        (self.ids.is_empty() || self.ids.contains(&d.id))
+            && self.reason.as_ref().is_none_or(|r| d.meta.reason.as_deref() == Some(r.as_str()))
+            && self.url_contains.as_ref().is_none_or(|u| d.url.as_deref().is_some_and(|url| url.contains(u.as_str())))
+            && self.since.is_none_or(|s| d.meta.dead_at.is_some_and(|at| at >= now_ms - s.as_millis() as i64))
+    }
+}

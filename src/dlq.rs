@@ -1,0 +1,111 @@
+//! Dead-letter operations: list, show, replay, purge, export.
+//!
+//! The dead-letter queue is walked with `basic.get` without acking. A
+//! message that is kept stays unacked until the channel closes, and then the
+//! broker puts it back at its original position, headers untouched. Only
+//! message tags are held in memory, so a queue of any length can be walked.
+//! A replayed message is acked only after its republish to the work queue
+//! was confirmed. An interruption at any point therefore leaves every
+//! message in the dead-letter queue, the work queue, or (rarely) both.
+
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection};
+
+use crate::dead_letter::{DeadLetter, Filter};
+use crate::publish::{PublishError, Publisher};
+use crate::state::{H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DELAY, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS};
+use crate::topology::Topology;
+
+/// What to do with each selected dead letter.
+#[derive(Clone, Copy)]
+pub enum Op<'a> {
+    /// Leave it where it is (list, show, export, dry runs).
+    Keep,
+    /// Republish it to the work queue with a fresh attempt counter, and
+    /// remove it once the broker confirmed the republish.
+    Replay(&'a Publisher),
+    /// Remove it.
+    Purge,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Dead letters looked at.
+    pub seen: usize,
+    /// Dead letters that matched the filter (and the limit).
+    pub selected: usize,
+    /// Dead letters replayed or purged.
+    pub done: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("republishing {id} failed: {source}")]
+    Republish { id: String, source: PublishError },
+}
+
+/// Walks the dead-letter queue once, in order, applying `op` to each dead
+/// letter that matches `filter` (at most `limit` of them) after `visit` saw it.
+pub async fn walk(
+    conn: &Connection,
+    topology: &Topology,
+    filter: &Filter,
+    limit: Option<usize>,
+    op: Op<'_>,
+    mut visit: impl FnMut(&DeadLetter),
+) -> Result<Summary, DlqError> {
+    let ch = conn.create_channel().await?;
+    // Only what is there now: dead letters that arrive during the walk
+    // are left for the next one.
+    let total = dead_count(&ch, topology).await?;
+    let now = crate::process::now_ms();
+    let mut s = Summary::default();
+    while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
+        let opts = BasicGetOptions { no_ack: false };
+        let Some(m) = ch.basic_get(topology.dead.as_str().into(), opts).await? else { break };
+        s.seen += 1;
+        let props = &m.delivery.properties;
+        let message_id = props.message_id().as_ref().map(|m| m.to_string());
+        let d = DeadLetter::from_message(&m.delivery.data, props.headers().as_ref(), message_id.as_deref());
+        if !filter.matches(&d, now) {
+            continue;
+        }
+        s.selected += 1;
+        visit(&d);
+        match op {
+            Op::Keep => continue,
+            Op::Replay(p) => p
+                .to_work_queue(&m.delivery.data, fresh(props))
+                .await
+                .map_err(|source| DlqError::Republish { id: d.id.clone(), source })?,
+            Op::Purge => {}
+        }
+        m.delivery.acker.ack(BasicAckOptions::default()).await?;
+        s.done += 1;
+    }
+    // Closing the channel returns every kept message to its place.
+    let _ = ch.close(200, "dead-letter walk done".into()).await;
+    Ok(s)
+}
+
+/// Ready messages in the dead-letter queue (passive declare).
+pub async fn dead_count(ch: &lapin::Channel, topology: &Topology) -> Result<u32, lapin::Error> {
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let q = ch.queue_declare(topology.dead.as_str().into(), passive, FieldTable::default()).await?;
+    Ok(q.message_count())
+}
+
+/// The properties for a replay: the attempt counter and the death record
+/// are dropped; the id and the attempt history stay.
+fn fresh(props: &BasicProperties) -> BasicProperties {
+    let stale = [H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS, H_DELAY];
+    let headers: FieldTable = props
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().iter().filter(|(k, _)| !stale.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect::<std::collections::BTreeMap<_, _>>().into())
+        .unwrap_or_default();
+    props.clone().with_headers(headers).with_delivery_mode(2)
+}
