@@ -7,7 +7,7 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
-use crate::config::{AmqpUrl, BrokerSettings, WorkerSettings};
+use crate::config::{AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL};
 use crate::deliver::HttpDeliverer;
 use crate::outcome::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};
@@ -19,11 +19,20 @@ const PUBLISH_WINDOW: usize = 256;
 
 pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
     BrokerSettings {
-        url: AmqpUrl::new(&g.amqp_url),
+        url: AmqpUrl::new(g.amqp_url.as_deref().unwrap_or(DEFAULT_AMQP_URL)),
         prefix: g.prefix.clone(),
         queue_type: g.queue_type,
         delay: Default::default(),
     }
+}
+
+/// `redeliver demo`: against the local test node unless a URL is given.
+pub async fn demo(g: &GlobalArgs) -> anyhow::Result<()> {
+    let mut b = broker_settings(g);
+    if g.amqp_url.is_none() {
+        b.url = AmqpUrl::new(LOCAL_TEST_AMQP_URL);
+    }
+    crate::demo::demo(&b, &mut std::io::stdout().lock()).await
 }
 
 /// `redeliver run`.

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::DEFAULT_AMQP_URL;
 use crate::policy::Jitter;
 use crate::topology::QueueType;
 
@@ -26,8 +25,10 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// Broker URL (amqp:// or amqps://). The password is never printed.
-    #[arg(long, global = true, env = "REDELIVER_AMQP_URL", hide_env_values = true, default_value = DEFAULT_AMQP_URL)]
-    pub amqp_url: String,
+    /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo`, the
+    /// local test node amqp://guest:guest@127.0.0.1:5674/%2f]
+    #[arg(long, global = true, env = "REDELIVER_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<String>,
     /// Prefix of every exchange and queue name (<prefix>.work, <prefix>.dead, ...).
     #[arg(
         long,
@@ -58,6 +59,8 @@ pub enum Command {
     Dlq(DlqCommand),
     /// Queue depths, workers attached, and whether the delay mechanism is available.
     Status(StatusArgs),
+    /// A one-minute tour: a failing receiver, retries, dead letters (own prefix, cleaned up).
+    Demo,
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,8 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod delay;
+pub mod demo;
+pub mod demo_receiver;
 pub mod dead_letter;
 pub mod deliver;
 pub mod dlq;

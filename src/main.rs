@@ -5,7 +5,10 @@ use redeliver::{app, ops};
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    redeliver::telemetry::init();
+    match cli.command {
+        Command::Demo => redeliver::telemetry::init_with_default("warn,lapin=off"),
+        _ => redeliver::telemetry::init(),
+    }
     let g = &cli.global;
     let out = &mut std::io::stdout().lock();
     let result = match &cli.command {
@@ -17,6 +20,7 @@ async fn main() {
         Command::Dlq(DlqCommand::Purge(a)) => ops::dlq_purge(g, a, out).await.map(drop),
         Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
         Command::Status(a) => ops::status(g, a, out).await.map(drop),
+        Command::Demo => app::demo(g).await,
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

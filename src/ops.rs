@@ -141,11 +141,11 @@ pub async fn status(g: &GlobalArgs, a: &StatusArgs, out: &mut impl Write) -> any
     Ok(s)
 }
 
-fn table_header(out: &mut impl Write) -> std::io::Result<()> {
+pub(crate) fn table_header(out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  DEAD AT", "ID", "URL", "ATT", "REASON", "STATUS", "LAST ERROR")
 }
 
-fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
+pub(crate) fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
     let m = &d.meta;
     let dead_at = m
         .dead_at

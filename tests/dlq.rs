@@ -218,3 +218,22 @@ async fn killing_replay_midway_loses_nothing() {
     assert_eq!(seen.len(), 3000, "none missing");
     cleanup(&url, &p).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_to_completion_and_cleans_up() {
+    let url = broker_url();
+    let started = std::time::Instant::now();
+    let o = cli(&url, "redeliver", &["demo"]);
+    let out = stdout(&o);
+    println!("{out}");
+    assert!(started.elapsed() < Duration::from_secs(60), "demo took {:?}", started.elapsed());
+    assert!(out.contains("published 20 notifications"));
+    assert!(out.contains("retry in 1s") && out.contains("DEAD (permanent-status)") && out.contains("DEAD (max-attempts)"));
+    assert!(out.contains("timed out after 1s"), "some requests time out");
+    assert!(out.contains("What happened: 20 notifications"));
+    let table: Vec<_> = out.lines().skip_while(|l| !l.starts_with("ID ")).skip(1).take_while(|l| !l.is_empty()).collect();
+    assert_eq!(table.len(), 4, "two 410s and two exhausted: {table:?}");
+    let prefix = out.split("prefix ").nth(1).unwrap().lines().next().unwrap().trim().to_string();
+    let queues = common::ctl_output(common::default_port(), &["rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name"]);
+    assert!(!queues.contains(&prefix), "demo queues deleted");
+}
