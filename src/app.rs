@@ -7,7 +7,9 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
-use crate::config::{AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL};
+use crate::config::{
+    AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL,
+};
 use crate::deliver::HttpDeliverer;
 use crate::outcome::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};

@@ -27,7 +27,12 @@ pub struct GlobalArgs {
     /// Broker URL (amqp:// or amqps://). The password is never printed.
     /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo`, the
     /// local test node amqp://guest:guest@127.0.0.1:5674/%2f]
-    #[arg(long, global = true, env = "REDELIVER_AMQP_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "REDELIVER_AMQP_URL",
+        hide_env_values = true
+    )]
     pub amqp_url: Option<String>,
     /// Prefix of every exchange and queue name (<prefix>.work, <prefix>.dead, ...).
     #[arg(
@@ -246,7 +251,13 @@ pub struct PublishArgs {
     #[arg(long, env = "REDELIVER_PUBLISH_ID", conflicts_with = "file")]
     pub id: Option<String>,
     /// Extra request header, `Name: value`; repeatable.
-    #[arg(long = "header", value_name = "K:V", env = "REDELIVER_PUBLISH_HEADERS", value_delimiter = '\n', conflicts_with = "file")]
+    #[arg(
+        long = "header",
+        value_name = "K:V",
+        env = "REDELIVER_PUBLISH_HEADERS",
+        value_delimiter = '\n',
+        conflicts_with = "file"
+    )]
     pub headers: Vec<String>,
     /// HTTP method (default POST).
     #[arg(long, env = "REDELIVER_PUBLISH_METHOD", conflicts_with = "file")]

@@ -8,7 +8,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::state::{self, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS};
+use crate::state::{
+    self, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR,
+    H_LAST_STATUS,
+};
 
 /// One dead letter. Serialised as one `--json` line: the notification's own
 /// fields at the top level (so `publish --file` can re-import it) plus a
@@ -41,9 +44,19 @@ pub struct DeadMeta {
 }
 
 impl DeadLetter {
-    pub fn from_message(data: &[u8], headers: Option<&FieldTable>, message_id: Option<&str>) -> Self {
-        let notification: Option<BTreeMap<String, Box<RawValue>>> = serde_json::from_slice(data).ok();
-        let field = |k: &str| notification.as_ref().and_then(|n| n.get(k)).and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+    pub fn from_message(
+        data: &[u8],
+        headers: Option<&FieldTable>,
+        message_id: Option<&str>,
+    ) -> Self {
+        let notification: Option<BTreeMap<String, Box<RawValue>>> =
+            serde_json::from_slice(data).ok();
+        let field = |k: &str| {
+            notification
+                .as_ref()
+                .and_then(|n| n.get(k))
+                .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+        };
         let id = field("id")
             .or_else(|| state::get(headers, H_ID).and_then(state::string))
             .or_else(|| message_id.map(str::to_string))
@@ -54,27 +67,53 @@ impl DeadLetter {
             Some(AMQPValue::FieldArray(a)) => a.as_slice().iter().map(to_json).collect(),
             _ => vec![],
         };
-        let ours = [H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS];
+        let ours = [
+            H_ATTEMPT,
+            H_DEAD_AT,
+            H_DEAD_REASON,
+            H_FIRST_AT,
+            H_HISTORY,
+            H_ID,
+            H_LAST_ERROR,
+            H_LAST_STATUS,
+        ];
         let others = headers
-            .map(|h| h.inner().iter().filter(|(k, _)| !ours.contains(&k.as_str())).map(|(k, v)| (k.to_string(), to_json(v))).collect())
+            .map(|h| {
+                h.inner()
+                    .iter()
+                    .filter(|(k, _)| !ours.contains(&k.as_str()))
+                    .map(|(k, v)| (k.to_string(), to_json(v)))
+                    .collect()
+            })
             .unwrap_or_default();
         let meta = DeadMeta {
             reason: text(H_DEAD_REASON),
-            attempts: int(H_ATTEMPT).and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
+            attempts: int(H_ATTEMPT)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
             last_status: int(H_LAST_STATUS),
             last_error: text(H_LAST_ERROR),
             first_attempt_at: int(H_FIRST_AT),
             dead_at: int(H_DEAD_AT),
             history,
             headers: others,
-            raw_body: notification.is_none().then(|| String::from_utf8_lossy(data).into_owned()),
+            raw_body: notification
+                .is_none()
+                .then(|| String::from_utf8_lossy(data).into_owned()),
         };
-        DeadLetter { id, url: field("url"), meta, notification, raw: data.to_vec() }
+        DeadLetter {
+            id,
+            url: field("url"),
+            meta,
+            notification,
+            raw: data.to_vec(),
+        }
     }
 
     /// One JSON line: the notification's fields plus `dead_letter`.
     pub fn to_json_line(&self) -> String {
-        let mut out: BTreeMap<String, Box<RawValue>> = self.notification.clone().unwrap_or_default();
+        let mut out: BTreeMap<String, Box<RawValue>> =
+            self.notification.clone().unwrap_or_default();
         if self.notification.is_none() {
             out.insert("id".into(), raw(&self.id));
         }
@@ -84,7 +123,8 @@ impl DeadLetter {
 }
 
 fn raw<T: Serialize>(v: &T) -> Box<RawValue> {
-    serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+    serde_json::value::to_raw_value(v)
+        .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
 }
 
 /// AMQP field values as JSON (byte strings as UTF-8, lossily).
@@ -102,7 +142,12 @@ pub fn to_json(v: &AMQPValue) -> serde_json::Value {
         AMQPValue::ShortString(s) => J::from(s.as_str()),
         AMQPValue::ByteArray(b) => J::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
         AMQPValue::FieldArray(a) => J::Array(a.as_slice().iter().map(to_json).collect()),
-        AMQPValue::FieldTable(t) => J::Object(t.inner().iter().map(|(k, v)| (k.to_string(), to_json(v))).collect()),
+        AMQPValue::FieldTable(t) => J::Object(
+            t.inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), to_json(v)))
+                .collect(),
+        ),
         AMQPValue::DecimalValue(d) => J::from(format!("{d:?}")),
         _ => J::Null,
     }
@@ -120,13 +165,26 @@ pub struct Filter {
 
 impl Filter {
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty() && self.reason.is_none() && self.url_contains.is_none() && self.since.is_none()
+        self.ids.is_empty()
+            && self.reason.is_none()
+            && self.url_contains.is_none()
+            && self.since.is_none()
     }
 
     pub fn matches(&self, d: &DeadLetter, now_ms: i64) -> bool {
         (self.ids.is_empty() || self.ids.contains(&d.id))
-            && self.reason.as_ref().is_none_or(|r| d.meta.reason.as_deref() == Some(r.as_str()))
-            && self.url_contains.as_ref().is_none_or(|u| d.url.as_deref().is_some_and(|url| url.contains(u.as_str())))
-            && self.since.is_none_or(|s| d.meta.dead_at.is_some_and(|at| at >= now_ms - s.as_millis() as i64))
+            && self
+                .reason
+                .as_ref()
+                .is_none_or(|r| d.meta.reason.as_deref() == Some(r.as_str()))
+            && self
+                .url_contains
+                .as_ref()
+                .is_none_or(|u| d.url.as_deref().is_some_and(|url| url.contains(u.as_str())))
+            && self.since.is_none_or(|s| {
+                d.meta
+                    .dead_at
+                    .is_some_and(|at| at >= now_ms - s.as_millis() as i64)
+            })
     }
 }

@@ -23,7 +23,13 @@ const SCHEDULE: &str = "1s,2s,4s";
 const MAX_ATTEMPTS: u32 = 4;
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// (path, how many notifications)
-const MIX: &[(&str, usize)] = &[("ok", 9), ("flaky", 4), ("slow", 3), ("gone", 2), ("down", 2)];
+const MIX: &[(&str, usize)] = &[
+    ("ok", 9),
+    ("flaky", 4),
+    ("slow", 3),
+    ("gone", 2),
+    ("down", 2),
+];
 
 #[derive(Default)]
 struct Tally {
@@ -37,24 +43,52 @@ struct Tally {
 /// Runs the demo; `broker.prefix` is the base of the demo's own prefix.
 pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Result<()> {
     let mut b = broker.clone();
-    b.prefix = format!("{}.demo-{}", broker.prefix, &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let (addr, receiver) = crate::demo_receiver::start(TIMEOUT + Duration::from_millis(500)).await?;
-    writeln!(out, "redeliver demo: receiver on http://{addr}, broker {}, prefix {}", b.url, b.prefix)?;
-    writeln!(out, "policy: schedule {SCHEDULE}, max {MAX_ATTEMPTS} attempts, timeout {}s\n", TIMEOUT.as_secs())?;
+    b.prefix = format!(
+        "{}.demo-{}",
+        broker.prefix,
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let (addr, receiver) =
+        crate::demo_receiver::start(TIMEOUT + Duration::from_millis(500)).await?;
+    writeln!(
+        out,
+        "redeliver demo: receiver on http://{addr}, broker {}, prefix {}",
+        b.url, b.prefix
+    )?;
+    writeln!(
+        out,
+        "policy: schedule {SCHEDULE}, max {MAX_ATTEMPTS} attempts, timeout {}s\n",
+        TIMEOUT.as_secs()
+    )?;
     let result = run(&b, addr, out).await;
     receiver.abort();
     let cleaned = cleanup(&b).await;
     result?;
     cleaned.context("deleting the demo's queues")?;
-    writeln!(out, "\nThe demo's exchanges and queues ({}.*) have been deleted.", b.prefix)?;
+    writeln!(
+        out,
+        "\nThe demo's exchanges and queues ({}.*) have been deleted.",
+        b.prefix
+    )?;
     Ok(())
 }
 
-async fn run(b: &BrokerSettings, addr: std::net::SocketAddr, out: &mut impl Write) -> anyhow::Result<()> {
-    let conn = b.url.connect("redeliver demo").await.with_context(|| format!("cannot connect to the broker at {}", b.url))?;
+async fn run(
+    b: &BrokerSettings,
+    addr: std::net::SocketAddr,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let conn = b
+        .url
+        .connect("redeliver demo")
+        .await
+        .with_context(|| format!("cannot connect to the broker at {}", b.url))?;
     let topology = Topology::new(&b.prefix);
-    topology.declare(&conn.create_channel().await?, b.queue_type, b.delay).await?;
-    let publisher = Publisher::new(&conn, topology.clone(), b.delay, Duration::from_secs(30)).await?;
+    topology
+        .declare(&conn.create_channel().await?, b.queue_type, b.delay)
+        .await?;
+    let publisher =
+        Publisher::new(&conn, topology.clone(), b.delay, Duration::from_secs(30)).await?;
     let mut labels = HashMap::new();
     for (kind, count) in MIX {
         for i in 1..=*count {
@@ -73,7 +107,10 @@ async fn run(b: &BrokerSettings, addr: std::net::SocketAddr, out: &mut impl Writ
     let (tx, mut rx) = broadcast::channel(1024);
     let settings = WorkerSettings {
         concurrency: 8,
-        policy: RetryPolicy { max_attempts: MAX_ATTEMPTS, backoff: Backoff::Schedule(parse_schedule(SCHEDULE)?) },
+        policy: RetryPolicy {
+            max_attempts: MAX_ATTEMPTS,
+            backoff: Backoff::Schedule(parse_schedule(SCHEDULE)?),
+        },
         events: Some(tx),
         shutdown_grace: Duration::from_secs(5),
         ..Default::default()
@@ -99,7 +136,13 @@ async fn run(b: &BrokerSettings, addr: std::net::SocketAddr, out: &mut impl Writ
     Ok(())
 }
 
-fn progress(out: &mut impl Write, started: Instant, labels: &HashMap<String, String>, t: &mut Tally, e: &AttemptEvent) -> std::io::Result<()> {
+fn progress(
+    out: &mut impl Write,
+    started: Instant,
+    labels: &HashMap<String, String>,
+    t: &mut Tally,
+    e: &AttemptEvent,
+) -> std::io::Result<()> {
     let result = match (e.status, &e.error) {
         (Some(s), _) => format!("HTTP {s}"),
         (None, Some(err)) => crate::state::truncate(err, 28).to_string(),
@@ -135,7 +178,14 @@ fn progress(out: &mut impl Write, started: Instant, labels: &HashMap<String, Str
     )
 }
 
-async fn summary(out: &mut impl Write, b: &BrokerSettings, conn: &lapin::Connection, topology: &Topology, t: &Tally, total: usize) -> anyhow::Result<()> {
+async fn summary(
+    out: &mut impl Write,
+    b: &BrokerSettings,
+    conn: &lapin::Connection,
+    topology: &Topology,
+    t: &Tally,
+    total: usize,
+) -> anyhow::Result<()> {
     writeln!(out, "\n$ redeliver --prefix {} dlq list", b.prefix)?;
     crate::ops::table_header(out)?;
     let mut io = Ok(());
@@ -172,10 +222,12 @@ async fn cleanup(b: &BrokerSettings) -> anyhow::Result<()> {
     let conn = b.url.connect("redeliver demo cleanup").await?;
     let ch = conn.create_channel().await?;
     for q in [&t.work, &t.dead] {
-        ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await?;
+        ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await?;
     }
     for x in [&t.intake, &t.retry] {
-        ch.exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default()).await?;
+        ch.exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await?;
     }
     let _ = conn.close(200, "".into()).await;
     Ok(())

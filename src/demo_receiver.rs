@@ -33,15 +33,29 @@ pub async fn start(hang: Duration) -> std::io::Result<(SocketAddr, tokio::task::
     Ok((addr, task))
 }
 
-async fn answer(State(seen): State<Seen>, uri: Uri, headers: HeaderMap, hang: Duration) -> StatusCode {
-    let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+async fn answer(
+    State(seen): State<Seen>,
+    uri: Uri,
+    headers: HeaderMap,
+    hang: Duration,
+) -> StatusCode {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let nth = {
         let mut m = seen.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = m.entry(id).or_insert(0);
         *n += 1;
         *n
     };
-    let kind = uri.path().trim_start_matches('/').split('/').next().unwrap_or("");
+    let kind = uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
     match (kind, nth) {
         ("ok", _) => StatusCode::OK,
         ("flaky", n) if n <= 2 => StatusCode::INTERNAL_SERVER_ERROR,

@@ -14,7 +14,9 @@ use lapin::{BasicProperties, Connection};
 
 use crate::dead_letter::{DeadLetter, Filter};
 use crate::publish::{PublishError, Publisher};
-use crate::state::{H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DELAY, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS};
+use crate::state::{
+    H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DELAY, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS,
+};
 use crate::topology::Topology;
 
 /// What to do with each selected dead letter.
@@ -65,11 +67,17 @@ pub async fn walk(
     let mut s = Summary::default();
     while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
         let opts = BasicGetOptions { no_ack: false };
-        let Some(m) = ch.basic_get(topology.dead.as_str().into(), opts).await? else { break };
+        let Some(m) = ch.basic_get(topology.dead.as_str().into(), opts).await? else {
+            break;
+        };
         s.seen += 1;
         let props = &m.delivery.properties;
         let message_id = props.message_id().as_ref().map(|m| m.to_string());
-        let d = DeadLetter::from_message(&m.delivery.data, props.headers().as_ref(), message_id.as_deref());
+        let d = DeadLetter::from_message(
+            &m.delivery.data,
+            props.headers().as_ref(),
+            message_id.as_deref(),
+        );
         if !filter.matches(&d, now) {
             continue;
         }
@@ -80,7 +88,10 @@ pub async fn walk(
             Op::Replay(p) => p
                 .to_work_queue(&m.delivery.data, fresh(props))
                 .await
-                .map_err(|source| DlqError::Republish { id: d.id.clone(), source })?,
+                .map_err(|source| DlqError::Republish {
+                    id: d.id.clone(),
+                    source,
+                })?,
             Op::Purge => {}
         }
         m.delivery.acker.ack(BasicAckOptions::default()).await?;
@@ -93,19 +104,43 @@ pub async fn walk(
 
 /// Ready messages in the dead-letter queue (passive declare).
 pub async fn dead_count(ch: &lapin::Channel, topology: &Topology) -> Result<u32, lapin::Error> {
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    let q = ch.queue_declare(topology.dead.as_str().into(), passive, FieldTable::default()).await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(
+            topology.dead.as_str().into(),
+            passive,
+            FieldTable::default(),
+        )
+        .await?;
     Ok(q.message_count())
 }
 
 /// The properties for a replay: the attempt counter and the death record
 /// are dropped; the id and the attempt history stay.
 fn fresh(props: &BasicProperties) -> BasicProperties {
-    let stale = [H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS, H_DELAY];
+    let stale = [
+        H_ATTEMPT,
+        H_DEAD_AT,
+        H_DEAD_REASON,
+        H_FIRST_AT,
+        H_LAST_ERROR,
+        H_LAST_STATUS,
+        H_DELAY,
+    ];
     let headers: FieldTable = props
         .headers()
         .as_ref()
-        .map(|h| h.inner().iter().filter(|(k, _)| !stale.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect::<std::collections::BTreeMap<_, _>>().into())
+        .map(|h| {
+            h.inner()
+                .iter()
+                .filter(|(k, _)| !stale.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into()
+        })
         .unwrap_or_default();
     props.clone().with_headers(headers).with_delivery_mode(2)
 }

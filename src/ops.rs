@@ -5,24 +5,39 @@ use std::io::Write;
 use anyhow::{bail, Context as _};
 
 use crate::app::broker_settings;
-use crate::cli::{DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs};
+use crate::cli::{
+    DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
+};
 use crate::dead_letter::{DeadLetter, Filter};
 use crate::dlq::{walk, Op, Summary};
 use crate::publish::Publisher;
 use crate::topology::Topology;
 
 fn filter(ids: &[String], f: &DlqFilterArgs) -> Filter {
-    Filter { ids: ids.to_vec(), reason: f.reason.clone(), url_contains: f.url_contains.clone(), since: f.since }
+    Filter {
+        ids: ids.to_vec(),
+        reason: f.reason.clone(),
+        url_contains: f.url_contains.clone(),
+        since: f.since,
+    }
 }
 
 async fn connect(g: &GlobalArgs, name: &str) -> anyhow::Result<(lapin::Connection, Topology)> {
     let b = broker_settings(g);
-    let conn = b.url.connect(name).await.with_context(|| format!("cannot connect to the broker at {}", b.url))?;
+    let conn = b
+        .url
+        .connect(name)
+        .await
+        .with_context(|| format!("cannot connect to the broker at {}", b.url))?;
     Ok((conn, Topology::new(&b.prefix)))
 }
 
 /// `dlq list`: a table, or JSON lines with `--json`.
-pub async fn dlq_list(g: &GlobalArgs, a: &DlqListArgs, out: &mut impl Write) -> anyhow::Result<Summary> {
+pub async fn dlq_list(
+    g: &GlobalArgs,
+    a: &DlqListArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
     let (conn, t) = connect(g, "redeliver dlq list").await?;
     if !a.json {
         table_header(out)?;
@@ -30,7 +45,11 @@ pub async fn dlq_list(g: &GlobalArgs, a: &DlqListArgs, out: &mut impl Write) -> 
     let mut io = Ok(());
     let s = walk(&conn, &t, &filter(&[], &a.filter), a.limit, Op::Keep, |d| {
         if io.is_ok() {
-            io = if a.json { writeln!(out, "{}", d.to_json_line()) } else { table_row(out, d) };
+            io = if a.json {
+                writeln!(out, "{}", d.to_json_line())
+            } else {
+                table_row(out, d)
+            };
         }
     })
     .await?;
@@ -43,32 +62,64 @@ pub async fn dlq_list(g: &GlobalArgs, a: &DlqListArgs, out: &mut impl Write) -> 
 pub async fn dlq_show(g: &GlobalArgs, id: &str, out: &mut impl Write) -> anyhow::Result<()> {
     let (conn, t) = connect(g, "redeliver dlq show").await?;
     let mut found = None;
-    walk(&conn, &t, &filter(&[id.to_string()], &Default::default()), Some(1), Op::Keep, |d| found = Some(d.clone())).await?;
+    walk(
+        &conn,
+        &t,
+        &filter(&[id.to_string()], &Default::default()),
+        Some(1),
+        Op::Keep,
+        |d| found = Some(d.clone()),
+    )
+    .await?;
     let _ = conn.close(200, "".into()).await;
-    let Some(d) = found else { bail!("no dead letter with id {id:?} in {}", t.dead) };
+    let Some(d) = found else {
+        bail!("no dead letter with id {id:?} in {}", t.dead)
+    };
     let mut doc = serde_json::Map::new();
     doc.insert("id".into(), d.id.clone().into());
     let notification = serde_json::from_slice::<serde_json::Value>(&d.raw).ok();
-    doc.insert("notification".into(), notification.unwrap_or_else(|| String::from_utf8_lossy(&d.raw).into_owned().into()));
+    doc.insert(
+        "notification".into(),
+        notification.unwrap_or_else(|| String::from_utf8_lossy(&d.raw).into_owned().into()),
+    );
     doc.insert("dead_letter".into(), serde_json::to_value(&d.meta)?);
     writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     Ok(())
 }
 
 /// `dlq replay`: republish to the work queue, then remove.
-pub async fn dlq_replay(g: &GlobalArgs, a: &DlqReplayArgs, out: &mut impl Write) -> anyhow::Result<Summary> {
+pub async fn dlq_replay(
+    g: &GlobalArgs,
+    a: &DlqReplayArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
     let f = filter(&a.ids, &a.filter);
     if f.is_empty() && !a.all {
         bail!("nothing selected: give ids, --all, or a filter (--reason, --url-contains, --since)");
     }
     let b = broker_settings(g);
     let (conn, t) = connect(g, "redeliver dlq replay").await?;
-    let publisher = Publisher::new(&conn, t.clone(), b.delay, std::time::Duration::from_secs(30)).await?;
-    let op = if a.dry_run { Op::Keep } else { Op::Replay(&publisher) };
+    let publisher = Publisher::new(
+        &conn,
+        t.clone(),
+        b.delay,
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
+    let op = if a.dry_run {
+        Op::Keep
+    } else {
+        Op::Replay(&publisher)
+    };
     let mut io = Ok(());
     let s = walk(&conn, &t, &f, a.limit, op, |d| {
         if a.dry_run && io.is_ok() {
-            io = writeln!(out, "would replay {} {}", d.id, d.url.as_deref().unwrap_or("-"));
+            io = writeln!(
+                out,
+                "would replay {} {}",
+                d.id,
+                d.url.as_deref().unwrap_or("-")
+            );
         }
     })
     .await?;
@@ -83,7 +134,11 @@ pub async fn dlq_replay(g: &GlobalArgs, a: &DlqReplayArgs, out: &mut impl Write)
 }
 
 /// `dlq purge`: without `--yes`, only counts.
-pub async fn dlq_purge(g: &GlobalArgs, a: &DlqPurgeArgs, out: &mut impl Write) -> anyhow::Result<Summary> {
+pub async fn dlq_purge(
+    g: &GlobalArgs,
+    a: &DlqPurgeArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
     let (conn, t) = connect(g, "redeliver dlq purge").await?;
     let op = if a.yes { Op::Purge } else { Op::Keep };
     let s = walk(&conn, &t, &filter(&a.ids, &a.filter), None, op, |_| {}).await?;
@@ -97,9 +152,15 @@ pub async fn dlq_purge(g: &GlobalArgs, a: &DlqPurgeArgs, out: &mut impl Write) -
 }
 
 /// `dlq export`: JSON lines to stdout or `--out`.
-pub async fn dlq_export(g: &GlobalArgs, a: &DlqExportArgs, out: &mut impl Write) -> anyhow::Result<Summary> {
+pub async fn dlq_export(
+    g: &GlobalArgs,
+    a: &DlqExportArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
     let mut sink: Box<dyn Write + '_> = match &a.out {
-        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?)),
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
         None => Box::new(out),
     };
     let (conn, t) = connect(g, "redeliver dlq export").await?;
@@ -120,29 +181,58 @@ pub async fn dlq_export(g: &GlobalArgs, a: &DlqExportArgs, out: &mut impl Write)
 }
 
 /// `status`.
-pub async fn status(g: &GlobalArgs, a: &StatusArgs, out: &mut impl Write) -> anyhow::Result<crate::status::Status> {
+pub async fn status(
+    g: &GlobalArgs,
+    a: &StatusArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<crate::status::Status> {
     let b = broker_settings(g);
-    let s = crate::status::status(&b, a.management_url.as_deref()).await.with_context(|| format!("cannot read status from {}", b.url))?;
+    let s = crate::status::status(&b, a.management_url.as_deref())
+        .await
+        .with_context(|| format!("cannot read status from {}", b.url))?;
     if a.json {
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         return Ok(s);
     }
-    let unacked = |q: &crate::status::QueueStatus| q.unacked.map(|n| n.to_string()).unwrap_or_else(|| "? (needs --management-url)".into());
+    let unacked = |q: &crate::status::QueueStatus| {
+        q.unacked
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "? (needs --management-url)".into())
+    };
     writeln!(out, "prefix         {}  ({})", s.prefix, s.broker)?;
     for q in [&s.work, &s.dead] {
         if q.exists {
-            writeln!(out, "{:<14} ready {}  unacked {}  consumers {}", q.name, q.ready, unacked(q), q.consumers)?;
+            writeln!(
+                out,
+                "{:<14} ready {}  unacked {}  consumers {}",
+                q.name,
+                q.ready,
+                unacked(q),
+                q.consumers
+            )?;
         } else {
             writeln!(out, "{:<14} not declared yet", q.name)?;
         }
     }
-    let avail = if s.retry_exchange_type_available { "available" } else { "MISSING (enable rabbitmq_delayed_message_exchange)" };
-    writeln!(out, "delay backend  {}: x-delayed-message {avail}", s.delay_backend)?;
+    let avail = if s.retry_exchange_type_available {
+        "available"
+    } else {
+        "MISSING (enable rabbitmq_delayed_message_exchange)"
+    };
+    writeln!(
+        out,
+        "delay backend  {}: x-delayed-message {avail}",
+        s.delay_backend
+    )?;
     Ok(s)
 }
 
 pub(crate) fn table_header(out: &mut impl Write) -> std::io::Result<()> {
-    writeln!(out, "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  DEAD AT", "ID", "URL", "ATT", "REASON", "STATUS", "LAST ERROR")
+    writeln!(
+        out,
+        "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  DEAD AT",
+        "ID", "URL", "ATT", "REASON", "STATUS", "LAST ERROR"
+    )
 }
 
 pub(crate) fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
@@ -150,7 +240,12 @@ pub(crate) fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result
     let dead_at = m
         .dead_at
         .and_then(|ms| u64::try_from(ms).ok())
-        .map(|ms| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string())
+        .map(|ms| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+            )
+            .to_string()
+        })
         .unwrap_or_else(|| "-".into());
     writeln!(
         out,
@@ -159,7 +254,9 @@ pub(crate) fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result
         cut(d.url.as_deref().unwrap_or("-"), 40),
         m.attempts,
         m.reason.as_deref().unwrap_or("-"),
-        m.last_status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+        m.last_status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into()),
         cut(m.last_error.as_deref().unwrap_or("-"), 32),
     )
 }

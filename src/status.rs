@@ -32,7 +32,10 @@ pub struct Status {
     pub retry_exchange_type_available: bool,
 }
 
-pub async fn status(broker: &BrokerSettings, management_url: Option<&str>) -> Result<Status, lapin::Error> {
+pub async fn status(
+    broker: &BrokerSettings,
+    management_url: Option<&str>,
+) -> Result<Status, lapin::Error> {
     let t = Topology::new(&broker.prefix);
     let conn = broker.url.connect("redeliver status").await?;
     let mut work = queue(&conn, &t.work).await?;
@@ -56,30 +59,63 @@ pub async fn status(broker: &BrokerSettings, management_url: Option<&str>) -> Re
 /// A passive declare; a missing queue closes the channel, so each gets its own.
 async fn queue(conn: &lapin::Connection, name: &str) -> Result<QueueStatus, lapin::Error> {
     let ch = conn.create_channel().await?;
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    Ok(match ch.queue_declare(name.into(), passive, FieldTable::default()).await {
-        Ok(q) => {
-            let _ = ch.close(200, "".into()).await;
-            QueueStatus { name: name.into(), exists: true, ready: q.message_count(), unacked: None, consumers: q.consumer_count() }
-        }
-        Err(e) if e.is_amqp_soft_error() => QueueStatus { name: name.into(), exists: false, ready: 0, unacked: None, consumers: 0 },
-        Err(e) => return Err(e),
-    })
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    Ok(
+        match ch
+            .queue_declare(name.into(), passive, FieldTable::default())
+            .await
+        {
+            Ok(q) => {
+                let _ = ch.close(200, "".into()).await;
+                QueueStatus {
+                    name: name.into(),
+                    exists: true,
+                    ready: q.message_count(),
+                    unacked: None,
+                    consumers: q.consumer_count(),
+                }
+            }
+            Err(e) if e.is_amqp_soft_error() => QueueStatus {
+                name: name.into(),
+                exists: false,
+                ready: 0,
+                unacked: None,
+                consumers: 0,
+            },
+            Err(e) => return Err(e),
+        },
+    )
 }
 
 /// Declares and deletes a throw-away `x-delayed-message` exchange, on a
 /// connection of its own: an unknown type is a connection-level error.
 pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
-    let Ok(conn) = url.connect("redeliver status probe").await else { return false };
-    let name = format!("{prefix}.probe.{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let Ok(conn) = url.connect("redeliver status probe").await else {
+        return false;
+    };
+    let name = format!(
+        "{prefix}.probe.{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     let ok = match conn.create_channel().await {
         Ok(ch) => {
             let mut args = FieldTable::default();
-            args.insert("x-delayed-type".into(), lapin::types::AMQPValue::LongString("direct".into()));
+            args.insert(
+                "x-delayed-type".into(),
+                lapin::types::AMQPValue::LongString("direct".into()),
+            );
             let kind = lapin::ExchangeKind::Custom("x-delayed-message".into());
-            let declared = ch.exchange_declare(name.as_str().into(), kind, Default::default(), args).await.is_ok();
+            let declared = ch
+                .exchange_declare(name.as_str().into(), kind, Default::default(), args)
+                .await
+                .is_ok();
             if declared {
-                let _ = ch.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await;
+                let _ = ch
+                    .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
             }
             declared
         }
@@ -97,17 +133,35 @@ async fn unacked(management_url: &str, amqp: &AmqpUrl, queue: &str) -> Option<u6
         "" => "%2F".to_string(),
         v => v.to_string(),
     };
-    let user = if u.username().is_empty() { "guest" } else { u.username() };
+    let user = if u.username().is_empty() {
+        "guest"
+    } else {
+        u.username()
+    };
     let pass = u.password().unwrap_or("guest");
     let user = percent_decode(user);
     let pass = percent_decode(pass);
-    let endpoint = format!("{}/api/queues/{vhost}/{}", management_url.trim_end_matches('/'), url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>());
-    let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(5)).build().ok()?;
-    let resp = client.get(endpoint).basic_auth(user, Some(pass)).send().await.ok()?;
+    let endpoint = format!(
+        "{}/api/queues/{vhost}/{}",
+        management_url.trim_end_matches('/'),
+        url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
+    );
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let resp = client
+        .get(endpoint)
+        .basic_auth(user, Some(pass))
+        .send()
+        .await
+        .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
     v.get("messages_unacknowledged")?.as_u64()
 }
 
 fn percent_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }

@@ -25,15 +25,28 @@ fn dead(id: &str, url: &str, reason: &str, dead_at: i64) -> (Vec<u8>, FieldTable
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 fn fixture(rx: &str) -> Vec<(Vec<u8>, FieldTable)> {
     let now = now_ms();
     vec![
         dead("a", &format!("{rx}/shop/1"), "max-attempts", now - 1_000),
-        dead("b", &format!("{rx}/bank/2"), "permanent-status", now - 2_000),
-        dead("c", &format!("{rx}/shop/3"), "max-attempts", now - 7_200_000),
+        dead(
+            "b",
+            &format!("{rx}/bank/2"),
+            "permanent-status",
+            now - 2_000,
+        ),
+        dead(
+            "c",
+            &format!("{rx}/shop/3"),
+            "max-attempts",
+            now - 7_200_000,
+        ),
         dead("d", &format!("{rx}/shop/4"), "invalid", now - 3_000),
     ]
 }
@@ -48,7 +61,10 @@ async fn list_leaves_the_queue_identical() {
     assert!(table.lines().nth(1).unwrap().starts_with("a "));
     assert!(table.contains("permanent-status"));
     let json = stdout(&cli(&url, &p, &["dlq", "list", "--json", "--limit", "2"]));
-    let rows: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["dead_letter"]["reason"], "max-attempts");
     assert_eq!(rows[1]["dead_letter"]["headers"]["x-custom"], "b");
@@ -64,24 +80,57 @@ async fn list_leaves_the_queue_identical() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filters_select_correctly() {
     let (url, p) = (broker_url(), prefix("filter"));
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &fixture("http://127.0.0.1:9")).await;
+    publish_to_queue(
+        &url,
+        &p,
+        &format!("{p}.dead"),
+        &fixture("http://127.0.0.1:9"),
+    )
+    .await;
     let ids = |args: &[&str]| -> Vec<String> {
         let mut a = vec!["dlq", "list", "--json"];
         a.extend_from_slice(args);
         stdout(&cli(&url, &p, &a))
             .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
             .collect()
     };
     assert_eq!(ids(&["--reason", "max-attempts"]), ["a", "c"]);
     assert_eq!(ids(&["--url-contains", "/shop/"]), ["a", "c", "d"]);
     assert_eq!(ids(&["--since", "1h"]), ["a", "b", "d"]);
-    assert_eq!(ids(&["--since", "1h", "--url-contains", "shop", "--reason", "invalid"]), ["d"]);
+    assert_eq!(
+        ids(&[
+            "--since",
+            "1h",
+            "--url-contains",
+            "shop",
+            "--reason",
+            "invalid"
+        ]),
+        ["d"]
+    );
     assert_eq!(ids(&["--limit", "3"]), ["a", "b", "c"]);
-    let out = stdout(&cli(&url, &p, &["dlq", "purge", "--reason", "max-attempts"]));
+    let out = stdout(&cli(
+        &url,
+        &p,
+        &["dlq", "purge", "--reason", "max-attempts"],
+    ));
     assert!(out.contains("2 dead letter(s) would be purged"), "{out}");
-    assert_eq!(queue_len(&url, &format!("{p}.dead")).await, 4, "purge without --yes changes nothing");
-    let out = stdout(&cli(&url, &p, &["dlq", "purge", "--yes", "--reason", "max-attempts"]));
+    assert_eq!(
+        queue_len(&url, &format!("{p}.dead")).await,
+        4,
+        "purge without --yes changes nothing"
+    );
+    let out = stdout(&cli(
+        &url,
+        &p,
+        &["dlq", "purge", "--yes", "--reason", "max-attempts"],
+    ));
     assert!(out.contains("purged 2"), "{out}");
     assert_eq!(ids(&[]), ["b", "d"]);
     cleanup(&url, &p).await;
@@ -95,15 +144,26 @@ async fn replay_one_then_all_delivers_and_removes() {
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
     let dry = stdout(&cli(&url, &p, &["dlq", "replay", "--all", "--dry-run"]));
     assert!(dry.contains("4 would be replayed"), "{dry}");
-    assert!(cli(&url, &p, &["dlq", "replay"]).status.code() == Some(1), "nothing selected is an error");
+    assert!(
+        cli(&url, &p, &["dlq", "replay"]).status.code() == Some(1),
+        "nothing selected is an error"
+    );
 
     let out = stdout(&cli(&url, &p, &["dlq", "replay", "b"]));
     assert!(out.contains("replayed 1"), "{out}");
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
     let r = &rx.requests()[0];
     assert_eq!(r.id(), "b");
-    assert_eq!(r.header("redeliver-attempt").as_deref(), Some("1"), "a fresh attempt counter");
-    assert_eq!(queue_len(&url, &format!("{p}.dead")).await, 3, "only that one removed");
+    assert_eq!(
+        r.header("redeliver-attempt").as_deref(),
+        Some("1"),
+        "a fresh attempt counter"
+    );
+    assert_eq!(
+        queue_len(&url, &format!("{p}.dead")).await,
+        3,
+        "only that one removed"
+    );
 
     let out = stdout(&cli(&url, &p, &["dlq", "replay", "--all"]));
     assert!(out.contains("replayed 3"), "{out}");
@@ -125,7 +185,11 @@ async fn export_then_publish_file_round_trips() {
     let path = file.to_str().unwrap();
     let o = cli(&url, &p, &["dlq", "export", "--json", "--out", path]);
     assert!(o.status.success());
-    assert_eq!(queue_len(&url, &format!("{p}.dead")).await, 4, "export is non-destructive");
+    assert_eq!(
+        queue_len(&url, &format!("{p}.dead")).await,
+        4,
+        "export is non-destructive"
+    );
     let ids = stdout(&cli(&url, &p, &["publish", "--file", path]));
     assert_eq!(ids.lines().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
     // The re-imported notifications are the originals, field for field.
@@ -133,7 +197,10 @@ async fn export_then_publish_file_round_trips() {
     let ch = conn.create_channel().await.unwrap();
     for (body, _) in &items {
         let m = ch
-            .basic_get(format!("{p}.work").as_str().into(), lapin::options::BasicGetOptions { no_ack: true })
+            .basic_get(
+                format!("{p}.work").as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
             .await
             .unwrap()
             .expect("re-imported message");
@@ -150,24 +217,65 @@ async fn export_then_publish_file_round_trips() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_counts_match_the_broker() {
     let (url, p) = (broker_url(), prefix("status"));
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &fixture("http://127.0.0.1:9")).await;
-    let work: Vec<_> = (0..3).map(|i| (format!(r#"{{"url":"http://127.0.0.1:9/{i}"}}"#).into_bytes(), FieldTable::default())).collect();
+    publish_to_queue(
+        &url,
+        &p,
+        &format!("{p}.dead"),
+        &fixture("http://127.0.0.1:9"),
+    )
+    .await;
+    let work: Vec<_> = (0..3)
+        .map(|i| {
+            (
+                format!(r#"{{"url":"http://127.0.0.1:9/{i}"}}"#).into_bytes(),
+                FieldTable::default(),
+            )
+        })
+        .collect();
     publish_to_queue(&url, &p, &format!("{p}.work"), &work).await;
     // Hold one work message unacked with a consumer of our own.
     let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.basic_qos(1, Default::default()).await.unwrap();
     let _consumer = ch
-        .basic_consume(format!("{p}.work").as_str().into(), "".into(), Default::default(), FieldTable::default())
+        .basic_consume(
+            format!("{p}.work").as_str().into(),
+            "".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mgmt = common::ctl(common::default_port(), &["management-url"]);
-    let s: serde_json::Value = serde_json::from_str(&stdout(&cli(&url, &p, &["status", "--json", "--management-url", &mgmt]))).unwrap();
-    let listed = common::ctl_output(common::default_port(), &["rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged", "consumers"]);
+    let s: serde_json::Value = serde_json::from_str(&stdout(&cli(
+        &url,
+        &p,
+        &["status", "--json", "--management-url", &mgmt],
+    )))
+    .unwrap();
+    let listed = common::ctl_output(
+        common::default_port(),
+        &[
+            "rabbitmqctl",
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            "consumers",
+        ],
+    );
     let row = |q: &str| -> Vec<u64> {
-        let line = listed.lines().find(|l| l.split_whitespace().next() == Some(q)).unwrap_or_else(|| panic!("{q} not in {listed}"));
-        line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect()
+        let line = listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(q))
+            .unwrap_or_else(|| panic!("{q} not in {listed}"));
+        line.split_whitespace()
+            .skip(1)
+            .map(|n| n.parse().unwrap())
+            .collect()
     };
     let (w, d) = (row(&format!("{p}.work")), row(&format!("{p}.dead")));
     assert_eq!(w, [2, 1, 1]);
@@ -185,7 +293,16 @@ async fn status_counts_match_the_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_replay_midway_loses_nothing() {
     let (url, p) = (broker_url(), prefix("killreplay"));
-    let items: Vec<_> = (0..3000).map(|i| dead(&format!("k{i}"), "http://127.0.0.1:9/", "max-attempts", now_ms())).collect();
+    let items: Vec<_> = (0..3000)
+        .map(|i| {
+            dead(
+                &format!("k{i}"),
+                "http://127.0.0.1:9/",
+                "max-attempts",
+                now_ms(),
+            )
+        })
+        .collect();
     publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
         .args(["--amqp-url", &url, "--prefix", &p, "dlq", "replay", "--all"])
@@ -205,16 +322,33 @@ async fn killing_replay_midway_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let in_work = queue_len(&url, &work).await;
     let dead_left = drain_dead(&url, &p).await;
-    let mut seen: HashSet<String> = dead_left.iter().map(|d| d.str("x-custom").unwrap()).collect();
+    let mut seen: HashSet<String> = dead_left
+        .iter()
+        .map(|d| d.str("x-custom").unwrap())
+        .collect();
     let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    while let Some(m) = ch.basic_get(work.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await.unwrap() {
+    while let Some(m) = ch
+        .basic_get(
+            work.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
         let v: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
         seen.insert(v["id"].as_str().unwrap().to_string());
     }
     let _ = conn.close(200, "".into()).await;
-    println!("killed replay: {in_work} in the work queue, {} still dead, {} distinct of 3000", dead_left.len(), seen.len());
-    assert!(in_work > 0 && !dead_left.is_empty(), "the kill landed mid-way");
+    println!(
+        "killed replay: {in_work} in the work queue, {} still dead, {} distinct of 3000",
+        dead_left.len(),
+        seen.len()
+    );
+    assert!(
+        in_work > 0 && !dead_left.is_empty(),
+        "the kill landed mid-way"
+    );
     assert_eq!(seen.len(), 3000, "none missing");
     cleanup(&url, &p).await;
 }
@@ -226,14 +360,44 @@ async fn demo_runs_to_completion_and_cleans_up() {
     let o = cli(&url, "redeliver", &["demo"]);
     let out = stdout(&o);
     println!("{out}");
-    assert!(started.elapsed() < Duration::from_secs(60), "demo took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "demo took {:?}",
+        started.elapsed()
+    );
     assert!(out.contains("published 20 notifications"));
-    assert!(out.contains("retry in 1s") && out.contains("DEAD (permanent-status)") && out.contains("DEAD (max-attempts)"));
+    assert!(
+        out.contains("retry in 1s")
+            && out.contains("DEAD (permanent-status)")
+            && out.contains("DEAD (max-attempts)")
+    );
     assert!(out.contains("timed out after 1s"), "some requests time out");
     assert!(out.contains("What happened: 20 notifications"));
-    let table: Vec<_> = out.lines().skip_while(|l| !l.starts_with("ID ")).skip(1).take_while(|l| !l.is_empty()).collect();
+    let table: Vec<_> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("ID "))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
     assert_eq!(table.len(), 4, "two 410s and two exhausted: {table:?}");
-    let prefix = out.split("prefix ").nth(1).unwrap().lines().next().unwrap().trim().to_string();
-    let queues = common::ctl_output(common::default_port(), &["rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name"]);
+    let prefix = out
+        .split("prefix ")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    let queues = common::ctl_output(
+        common::default_port(),
+        &[
+            "rabbitmqctl",
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "name",
+        ],
+    );
     assert!(!queues.contains(&prefix), "demo queues deleted");
 }

@@ -199,19 +199,35 @@ pub async fn cleanup(url: &str, prefix: &str) {
 }
 
 /// Publishes straight into a queue (default exchange), with confirms.
-pub async fn publish_to_queue(url: &str, prefix: &str, queue: &str, items: &[(Vec<u8>, FieldTable)]) {
+pub async fn publish_to_queue(
+    url: &str,
+    prefix: &str,
+    queue: &str,
+    items: &[(Vec<u8>, FieldTable)],
+) {
     let b = broker(url, prefix);
     let conn = b.url.connect("test to-queue").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    Topology::new(prefix).declare(&ch, b.queue_type, b.delay).await.unwrap();
+    Topology::new(prefix)
+        .declare(&ch, b.queue_type, b.delay)
+        .await
+        .unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
     for (payload, headers) in items {
-        let props = BasicProperties::default().with_delivery_mode(2).with_headers(headers.clone());
-        ch.basic_publish("".into(), queue.into(), BasicPublishOptions::default(), payload, props)
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(headers.clone());
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            payload,
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     }
     let _ = conn.close(200, "".into()).await;
 }
@@ -226,6 +242,10 @@ pub fn cli(url: &str, prefix: &str, args: &[&str]) -> std::process::Output {
 }
 
 pub fn stdout(o: &std::process::Output) -> String {
-    assert!(o.status.success(), "redeliver failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "redeliver failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -43,7 +43,11 @@ pub fn ctl_output(port: u16, args: &[&str]) -> String {
         .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
         .output()
         .expect("tests/broker/ctl could not be run");
-    assert!(out.status.success(), "tests/broker/ctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tests/broker/ctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
