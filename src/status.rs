@@ -39,10 +39,11 @@ pub async fn status(
     let t = Topology::new(&broker.prefix);
     let conn = broker.url.connect("redeliver status").await?;
     let mut work = queue(&conn, &t.work).await?;
-    let dead = queue(&conn, &t.dead).await?;
+    let mut dead = queue(&conn, &t.dead).await?;
     let _ = conn.close(200, "status done".into()).await;
     if let Some(m) = management_url {
         work.unacked = unacked(m, &broker.url, &t.work).await;
+        dead.unacked = unacked(m, &broker.url, &t.dead).await;
     }
     Ok(Status {
         prefix: broker.prefix.clone(),
@@ -125,7 +126,9 @@ pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
     ok
 }
 
-/// `messages_unacknowledged` from the management API, or `None`.
+/// `messages_unacknowledged` from the management API, or `None`. The API
+/// samples queues every `collect_statistics_interval` (5 s by default), so
+/// this figure can lag by that much.
 async fn unacked(management_url: &str, amqp: &AmqpUrl, queue: &str) -> Option<u64> {
     let u = url::Url::parse(amqp.expose()).ok()?;
     // The AMQP path is the percent-encoded vhost, as the API wants it.

@@ -248,42 +248,77 @@ async fn status_counts_match_the_broker() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mgmt = common::ctl(common::default_port(), &["management-url"]);
-    let s: serde_json::Value = serde_json::from_str(&stdout(&cli(
-        &url,
-        &p,
-        &["status", "--json", "--management-url", &mgmt],
-    )))
-    .unwrap();
-    let listed = common::ctl_output(
-        common::default_port(),
-        &[
-            "rabbitmqctl",
-            "list_queues",
-            "-q",
-            "--no-table-headers",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-            "consumers",
-        ],
+    let (work_q, dead_q) = (format!("{p}.work"), format!("{p}.dead"));
+    // The broker's own view (rabbitmqctl); its statistics lag by up to the
+    // collection interval, so poll until it shows the state we built.
+    let mut broker = (vec![], vec![]);
+    for _ in 0..60 {
+        let listed = common::ctl_output(
+            common::default_port(),
+            &[
+                "rabbitmqctl",
+                "list_queues",
+                "-q",
+                "--no-table-headers",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+            ],
+        );
+        let row = |q: &str| -> Vec<u64> {
+            let line = listed
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(q));
+            line.map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .map(|n| n.parse().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        broker = (row(&work_q), row(&dead_q));
+        if broker.0 == [2, 1, 1] && broker.1 == [4, 0, 0] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        broker.0,
+        [2, 1, 1],
+        "rabbitmqctl: work ready, unacked, consumers"
     );
-    let row = |q: &str| -> Vec<u64> {
-        let line = listed
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(q))
-            .unwrap_or_else(|| panic!("{q} not in {listed}"));
-        line.split_whitespace()
-            .skip(1)
-            .map(|n| n.parse().unwrap())
-            .collect()
-    };
-    let (w, d) = (row(&format!("{p}.work")), row(&format!("{p}.dead")));
-    assert_eq!(w, [2, 1, 1]);
-    assert_eq!(s["work"]["ready"], w[0]);
-    assert_eq!(s["work"]["unacked"], w[1]);
-    assert_eq!(s["work"]["consumers"], w[2]);
-    assert_eq!(s["dead"]["ready"], d[0]);
+    assert_eq!(
+        broker.1,
+        [4, 0, 0],
+        "rabbitmqctl: dead ready, unacked, consumers"
+    );
+    // The management API samples on its own interval too.
+    let mut s = serde_json::Value::Null;
+    for _ in 0..30 {
+        let out = stdout(&cli(
+            &url,
+            &p,
+            &["status", "--json", "--management-url", &mgmt],
+        ));
+        s = serde_json::from_str(&out).unwrap();
+        if s["work"]["unacked"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(s["work"]["ready"], 2);
+    assert_eq!(s["work"]["unacked"], 1);
+    assert_eq!(s["work"]["consumers"], 1);
+    assert_eq!(s["dead"]["ready"], 4);
+    assert_eq!(s["dead"]["consumers"], 0);
     assert_eq!(s["retry_exchange_type_available"], true);
+    let text = stdout(&cli(&url, &p, &["status"]));
+    assert!(
+        text.contains("ready 2") && text.contains("consumers 1") && text.contains("unacked ?"),
+        "{text}"
+    );
     let _ = conn.close(200, "".into()).await;
     let plain = stdout(&cli(&common::plain_broker_url(), &p, &["status"]));
     assert!(plain.contains("MISSING"), "{plain}");

@@ -78,5 +78,6 @@ pub async fn connect(url: &str) -> Connection {
         .expect("AMQP connection to the test broker")
 }
 
+pub mod delayed;
 pub mod harness;
 pub mod receiver;
