@@ -21,6 +21,11 @@ fn dead(id: &str, url: &str, reason: &str, dead_at: i64) -> (Vec<u8>, FieldTable
     h.insert(H_LAST_STATUS.into(), AMQPValue::LongInt(500));
     h.insert(H_LAST_ERROR.into(), long_string("HTTP 500"));
     h.insert("x-custom".into(), long_string(id));
+    let mut attempt = FieldTable::default();
+    attempt.insert("attempt".into(), AMQPValue::LongLongInt(1));
+    attempt.insert("status".into(), AMQPValue::LongInt(500));
+    let history = vec![AMQPValue::FieldTable(attempt)];
+    h.insert(H_HISTORY.into(), AMQPValue::FieldArray(history.into()));
     (body.into_bytes(), h)
 }
 
@@ -68,6 +73,21 @@ async fn list_leaves_the_queue_identical() {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["dead_letter"]["reason"], "max-attempts");
     assert_eq!(rows[1]["dead_letter"]["headers"]["x-custom"], "b");
+    let shown = stdout(&cli(&url, &p, &["dlq", "show", "b"]));
+    let doc: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(doc["id"], "b");
+    assert_eq!(doc["notification"]["body"]["n"], "b", "the body, as JSON");
+    assert!(
+        shown.contains("\n  \"notification\": {\n"),
+        "pretty-printed: {shown}"
+    );
+    assert_eq!(doc["dead_letter"]["reason"], "permanent-status");
+    assert_eq!(doc["dead_letter"]["last_status"], 500);
+    assert_eq!(doc["dead_letter"]["headers"]["x-custom"], "b");
+    assert_eq!(doc["dead_letter"]["history"][0]["status"], 500);
+    let missing = cli(&url, &p, &["dlq", "show", "nope"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no dead letter with id \"nope\""));
     let after = drain_dead(&url, &p).await;
     assert_eq!(after.len(), items.len());
     for (got, (body, headers)) in after.iter().zip(&items) {
