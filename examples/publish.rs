@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use redeliver::config::{AmqpUrl, DEFAULT_AMQP_URL};
+use redeliver::config::{AmqpUrl, BrokerSettings, DEFAULT_AMQP_URL};
 use redeliver::delay::DelayBackend;
 use redeliver::publish::{prepare, Publisher};
-use redeliver::topology::{QueueType, Topology};
+use redeliver::topology::QueueType;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,14 +28,13 @@ async fn main() -> anyhow::Result<()> {
         .connect("publish example")
         .await
         .with_context(|| format!("connecting to {url}"))?;
-    let topology = Topology::new(&prefix);
-    topology
-        .declare(
-            &conn.create_channel().await?,
-            QueueType::Quorum,
-            DelayBackend::Plugin,
-        )
-        .await?;
+    let broker = BrokerSettings {
+        url: url.clone(),
+        prefix,
+        queue_type: QueueType::Quorum,
+        delay: DelayBackend::Plugin,
+    };
+    let topology = broker.declare_topology(&conn).await?;
     let publisher = Publisher::new(
         &conn,
         topology,

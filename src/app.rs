@@ -14,7 +14,6 @@ use crate::deliver::HttpDeliverer;
 use crate::outcome::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};
 use crate::publish::{prepare, Prepared, Publisher};
-use crate::topology::Topology;
 
 /// Confirms awaited at once while publishing a file.
 const PUBLISH_WINDOW: usize = 256;
@@ -99,14 +98,7 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
         .connect("redeliver publish")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
-    let topology = Topology::new(&broker.prefix);
-    topology
-        .declare(
-            &conn.create_channel().await?,
-            broker.queue_type,
-            broker.delay,
-        )
-        .await?;
+    let topology = broker.declare_topology(&conn).await?;
     let publisher = Publisher::new(
         &conn,
         topology,

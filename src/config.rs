@@ -10,7 +10,7 @@ use crate::delay::DelayBackend;
 use crate::message::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::outcome::SuccessRules;
 use crate::policy::RetryPolicy;
-use crate::topology::QueueType;
+use crate::topology::{QueueType, Topology, TopologyError};
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// The local test node (`tests/broker/ctl up`), the demo's default.
@@ -71,6 +71,27 @@ pub struct BrokerSettings {
     pub prefix: String,
     pub queue_type: QueueType,
     pub delay: DelayBackend,
+}
+
+impl BrokerSettings {
+    /// Declares the prefix's topology on a channel of its own (a refused
+    /// declare closes its channel) and returns the names.
+    pub async fn declare_topology(&self, conn: &Connection) -> Result<Topology, TopologyError> {
+        let topology = Topology::new(&self.prefix);
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(|source| TopologyError::Amqp {
+                what: "a channel for",
+                name: topology.prefix.clone(),
+                source,
+            })?;
+        topology
+            .declare(&channel, self.queue_type, self.delay)
+            .await?;
+        let _ = channel.close(200, "topology declared".into()).await;
+        Ok(topology)
+    }
 }
 
 /// How a worker delivers and decides.

@@ -83,10 +83,7 @@ async fn run(
         .connect("redeliver demo")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", b.url))?;
-    let topology = Topology::new(&b.prefix);
-    topology
-        .declare(&conn.create_channel().await?, b.queue_type, b.delay)
-        .await?;
+    let topology = b.declare_topology(&conn).await?;
     let publisher =
         Publisher::new(&conn, topology.clone(), b.delay, Duration::from_secs(30)).await?;
     let mut labels = HashMap::new();

@@ -14,7 +14,7 @@ use crate::config::{BrokerSettings, WorkerSettings};
 use crate::deliver::DeliveryHandler;
 use crate::process::{process, Context};
 use crate::publish::Publisher;
-use crate::topology::{Topology, TopologyError};
+use crate::topology::TopologyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -47,7 +47,6 @@ pub async fn run<H: DeliveryHandler>(
     if settings.concurrency == 0 {
         return Err(WorkerError::Concurrency);
     }
-    let topology = Topology::new(&broker.prefix);
     let conn = broker
         .url
         .connect("redeliver run")
@@ -56,13 +55,7 @@ pub async fn run<H: DeliveryHandler>(
             url: broker.url.redacted(),
             source,
         })?;
-    topology
-        .declare(
-            &conn.create_channel().await?,
-            broker.queue_type,
-            broker.delay,
-        )
-        .await?;
+    let topology = broker.declare_topology(&conn).await?;
     let publisher = Publisher::new(
         &conn,
         topology.clone(),

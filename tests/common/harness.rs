@@ -64,10 +64,7 @@ pub fn spawn_worker(url: &str, prefix: &str, settings: WorkerSettings) -> Worker
 pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -> Vec<String> {
     let b = broker(url, prefix);
     let conn = b.url.connect("test publish").await.unwrap();
-    let t = Topology::new(prefix);
-    t.declare(&conn.create_channel().await.unwrap(), b.queue_type, b.delay)
-        .await
-        .unwrap();
+    let t = b.declare_topology(&conn).await.unwrap();
     let p = redeliver::publish::Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
         .await
         .unwrap();
