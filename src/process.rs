@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{AttemptEvent, WorkerSettings};
@@ -18,33 +19,42 @@ use crate::publish::{PublishError, Publisher};
 use crate::retry::{decide, Action, DeadReason};
 use crate::state::{self, AttemptRecord, RetryState};
 
-/// What every delivery task shares.
+/// What every delivery task of one connection shares.
 pub struct Context<H> {
-    pub handler: H,
+    pub handler: Arc<H>,
     pub publisher: Publisher,
     pub settings: WorkerSettings,
+    /// Cancelled when the shutdown grace is over: unfinished deliveries are
+    /// then nacked back to the queue.
+    pub hard_stop: CancellationToken,
 }
 
 /// Processes one delivery to the end: it is acked only after any republish
 /// was confirmed, and nacked (requeued) when that republish failed.
 pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
-    let headers = d.properties.headers().as_ref();
-    let decoded = RetryState::from_headers(headers).and_then(|st| {
-        let fallback = st
-            .id
-            .clone()
-            .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
-        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref())
-            .map(|n| (n, st))
-    });
-    let settled = match decoded {
-        Ok((n, st)) => attempt(&ctx, &d, n, st).await,
-        Err(e) => dead_letter_invalid(&ctx, &d, &e).await,
+    if d.redelivered {
+        // At-least-once at work: an earlier delivery was not settled.
+        info!(
+            tag = d.delivery_tag,
+            "redelivered message (a possible duplicate)"
+        );
+    }
+    let settled = tokio::select! {
+        s = settle(&ctx, &d) => Some(s),
+        _ = ctx.hard_stop.cancelled() => None,
     };
     let result = match settled {
-        Ok(()) => d.acker.ack(BasicAckOptions::default()).await,
-        Err(e) => {
+        Some(Ok(())) => d.acker.ack(BasicAckOptions::default()).await,
+        Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
+            d.acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+        }
+        None => {
             d.acker
                 .nack(BasicNackOptions {
                     requeue: true,
@@ -55,6 +65,23 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
     };
     if let Err(e) = result {
         warn!(error = %e, "ack/nack failed; the broker will redeliver");
+    }
+}
+
+/// Decodes, then attempts or dead-letters. `Ok` means: ack it.
+async fn settle<H: DeliveryHandler>(ctx: &Context<H>, d: &Delivery) -> Result<(), PublishError> {
+    let headers = d.properties.headers().as_ref();
+    let decoded = RetryState::from_headers(headers).and_then(|st| {
+        let fallback = st
+            .id
+            .clone()
+            .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
+        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref())
+            .map(|n| (n, st))
+    });
+    match decoded {
+        Ok((n, st)) => attempt(ctx, d, n, st).await,
+        Err(e) => dead_letter_invalid(ctx, d, &e).await,
     }
 }
 

@@ -1,10 +1,13 @@
-//! The consume loop: bounded concurrency, explicit shutdown.
+//! The consume loop: bounded concurrency, explicit shutdown, and
+//! reconnection after the broker connection is lost.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
+use lapin::Connection;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -12,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::config::{BrokerSettings, WorkerSettings};
 use crate::deliver::DeliveryHandler;
+use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::process::{process, Context};
 use crate::publish::Publisher;
 use crate::topology::TopologyError;
@@ -26,18 +30,39 @@ pub enum WorkerError {
     Amqp(#[from] lapin::Error),
     #[error("the broker cancelled the consumer (was the work queue deleted?)")]
     ConsumerCancelled,
-    #[error("the publishing channel closed; stopping so the broker redelivers")]
+    #[error("the publishing channel closed")]
     PublisherClosed,
     #[error("concurrency must be at least 1")]
     Concurrency,
 }
 
-/// Runs a worker until `shutdown` is cancelled or the connection fails.
+impl WorkerError {
+    /// Errors an operator must fix; everything else is retried.
+    fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Concurrency
+                | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
+                | WorkerError::Topology(TopologyError::Mismatch { .. })
+        )
+    }
+}
+
+/// A session that lasted this long resets the reconnect backoff.
+const STABLE_SESSION: Duration = Duration::from_secs(30);
+
+/// Runs a worker until `shutdown` is cancelled.
 ///
 /// Deliveries are processed by `handler` with at most
 /// `settings.concurrency` in flight: a semaphore permit is taken *before*
 /// the next delivery is pulled, and the prefetch matches, so the broker
-/// never hands this process more than it can work on.
+/// never hands this process more than it can work on. The semaphore outlives
+/// connections, so deliveries still finishing from a lost connection count
+/// against the bound of the next one.
+///
+/// When the connection is lost, the worker reconnects with capped
+/// exponential backoff and jitter, re-declares the topology and resumes.
+/// Deliveries it could not settle are redelivered by the broker.
 pub async fn run<H: DeliveryHandler>(
     broker: &BrokerSettings,
     settings: WorkerSettings,
@@ -47,6 +72,55 @@ pub async fn run<H: DeliveryHandler>(
     if settings.concurrency == 0 {
         return Err(WorkerError::Concurrency);
     }
+    let handler = Arc::new(handler);
+    let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    let reconnect = reconnect_policy();
+    let mut failures = 0u32;
+    loop {
+        let started = Instant::now();
+        let result = session(broker, &settings, &handler, &semaphore, &shutdown).await;
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => {
+                failures = if started.elapsed() > STABLE_SESSION {
+                    1
+                } else {
+                    failures + 1
+                };
+                let delay = reconnect.delay(failures, &mut rand::rng());
+                warn!(error = %e, attempt = failures, retry_in = ?delay, "broker connection lost; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// 200 ms doubling to 30 s, with equal jitter so a fleet of workers does not
+/// reconnect in lockstep after a broker restart.
+fn reconnect_policy() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: u32::MAX,
+        backoff: Backoff::Exponential {
+            initial: Duration::from_millis(200),
+            factor: 2.0,
+            max: Duration::from_secs(30),
+            jitter: Jitter::Equal,
+        },
+    }
+}
+
+/// One connection's life: `Ok` on shutdown, `Err` when the connection failed.
+async fn session<H: DeliveryHandler>(
+    broker: &BrokerSettings,
+    settings: &WorkerSettings,
+    handler: &Arc<H>,
+    semaphore: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Result<(), WorkerError> {
     let conn = broker
         .url
         .connect("redeliver run")
@@ -55,9 +129,22 @@ pub async fn run<H: DeliveryHandler>(
             url: broker.url.redacted(),
             source,
         })?;
-    let topology = broker.declare_topology(&conn).await?;
+    let result = consume(&conn, broker, settings, handler, semaphore, shutdown).await;
+    let _ = conn.close(200, "redeliver worker stopping".into()).await;
+    result
+}
+
+async fn consume<H: DeliveryHandler>(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    settings: &WorkerSettings,
+    handler: &Arc<H>,
+    semaphore: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Result<(), WorkerError> {
+    let topology = broker.declare_topology(conn).await?;
     let publisher = Publisher::new(
-        &conn,
+        conn,
         topology.clone(),
         broker.delay,
         settings.confirm_timeout,
@@ -79,12 +166,12 @@ pub async fn run<H: DeliveryHandler>(
         .await?;
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
 
-    let grace = settings.shutdown_grace;
-    let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    let hard_stop = CancellationToken::new();
     let ctx = Arc::new(Context {
-        handler,
+        handler: handler.clone(),
         publisher,
-        settings,
+        settings: settings.clone(),
+        hard_stop: hard_stop.clone(),
     });
     let tracker = TaskTracker::new();
     let result = loop {
@@ -114,18 +201,30 @@ pub async fn run<H: DeliveryHandler>(
             None => break Err(WorkerError::ConsumerCancelled),
         }
     };
-    drain(&channel, consumer.tag().as_str(), &tracker, grace).await;
-    let _ = conn.close(200, "redeliver worker stopping".into()).await;
+    let grace = if result.is_ok() {
+        settings.shutdown_grace
+    } else {
+        Duration::ZERO
+    };
+    drain(
+        &channel,
+        consumer.tag().as_str(),
+        &tracker,
+        grace,
+        &hard_stop,
+    )
+    .await;
     result
 }
 
-/// Stops taking deliveries and gives in-flight ones `grace` to finish.
-/// Whatever is still unacked returns to the queue when the connection closes.
+/// Stops taking deliveries and gives in-flight ones `grace` to finish; then
+/// tells the rest to stop, which nacks them back to the queue.
 async fn drain(
     channel: &lapin::Channel,
     tag: &str,
     tracker: &TaskTracker,
-    grace: std::time::Duration,
+    grace: Duration,
+    hard_stop: &CancellationToken,
 ) {
     let _ = channel
         .basic_cancel(tag.into(), BasicCancelOptions::default())
@@ -134,7 +233,10 @@ async fn drain(
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         warn!(
             in_flight = tracker.len(),
-            "shutdown grace over; unacked deliveries return to the queue"
+            "shutdown grace over; requeueing unfinished deliveries"
         );
     }
+    hard_stop.cancel();
+    // Nacks are quick; a dead connection makes them fail at once.
+    let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
 }

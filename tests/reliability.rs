@@ -1,0 +1,144 @@
+//! Recovery and shutdown: broker restarts, SIGTERM with and without time
+//! to finish.
+
+mod common;
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::harness::*;
+use common::receiver::{Receiver, Reply};
+use common::{broker_url, ctl, prefix};
+use serde_json::json;
+
+fn spawn_run(url: &str, p: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args(["--amqp-url", url, "--prefix", p, "run"])
+        .args(args)
+        .spawn()
+        .expect("spawn redeliver run")
+}
+
+fn sigterm(c: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+}
+
+fn wait_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > within {
+            let _ = c.kill();
+            panic!("redeliver run did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A worker keeps delivering across a broker restart, without help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn worker_recovers_from_a_broker_restart() {
+    const PORT: u16 = 5686;
+    let url = tokio::task::spawn_blocking(|| ctl(PORT, &["up"]))
+        .await
+        .unwrap();
+    let p = prefix("restart");
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
+    publish(&url, &p, &[json!({"url": rx.url("/"), "id": "before"})]).await;
+    assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
+    tokio::task::spawn_blocking(|| ctl(PORT, &["restart"]))
+        .await
+        .unwrap();
+    publish(&url, &p, &[json!({"url": rx.url("/"), "id": "after"})]).await;
+    let recovered = wait_until(Duration::from_secs(45), || rx.count() == 2).await;
+    assert!(!w.join.is_finished(), "the worker kept running");
+    w.stop().await;
+    tokio::task::spawn_blocking(|| ctl(PORT, &["down"]))
+        .await
+        .unwrap();
+    assert!(
+        recovered,
+        "delivered after the restart: {:?}",
+        rx.requests().iter().map(|r| r.id()).collect::<Vec<_>>()
+    );
+    assert_eq!(rx.requests()[1].id(), "after");
+}
+
+/// SIGTERM: in-flight deliveries finish within the grace, then exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_in_flight_deliveries_finish() {
+    let (url, p) = (broker_url(), prefix("term"));
+    let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(1500))).await;
+    publish(
+        &url,
+        &p,
+        &(0..4)
+            .map(|i| json!({"url": rx.url("/"), "id": format!("t{i}")}))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let mut c = spawn_run(&url, &p, &["--concurrency", "4", "--shutdown-grace", "10s"]);
+    assert!(wait_until(Duration::from_secs(10), || rx.count() == 4).await);
+    sigterm(&c);
+    let st = wait_exit(&mut c, Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    assert_eq!(rx.count(), 4);
+    assert_eq!(
+        queue_len(&url, &format!("{p}.work")).await,
+        0,
+        "all four were acked"
+    );
+    cleanup(&url, &p).await;
+}
+
+/// SIGTERM: what is still running when the grace is over goes back to the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_requeues_what_the_grace_cannot_finish() {
+    let (url, p) = (broker_url(), prefix("grace"));
+    let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_secs(20))).await;
+    publish(
+        &url,
+        &p,
+        &(0..2)
+            .map(|i| json!({"url": rx.url("/"), "id": format!("g{i}")}))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let mut c = spawn_run(
+        &url,
+        &p,
+        &[
+            "--concurrency",
+            "4",
+            "--shutdown-grace",
+            "300ms",
+            "--timeout",
+            "30s",
+        ],
+    );
+    assert!(wait_until(Duration::from_secs(10), || rx.count() == 2).await);
+    let t = Instant::now();
+    sigterm(&c);
+    let st = wait_exit(&mut c, Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "exited after {:?}",
+        t.elapsed()
+    );
+    let mut back = 0;
+    for _ in 0..50 {
+        back = queue_len(&url, &format!("{p}.work")).await;
+        if back == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(back, 2, "both unfinished deliveries are back in the queue");
+    cleanup(&url, &p).await;
+}
