@@ -11,6 +11,7 @@ use crate::config::{
     AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL,
 };
 use crate::deliver::HttpDeliverer;
+use crate::guard::AddressPolicy;
 use crate::outcome::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};
 use crate::publish::{prepare, Prepared, Publisher};
@@ -43,7 +44,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let settings = worker_settings(args)?;
-    let handler = HttpDeliverer::new(args.timeout, settings.concurrency)
+    let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
+    let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
         .context("building the HTTP client")?;
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())
@@ -191,6 +193,23 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
         o.insert("success_body".into(), s.as_str().into());
     }
     Ok(serde_json::Value::Object(o).to_string())
+}
+
+/// One line for an error and its causes, leaving out a cause whose text
+/// the line already holds (lapin repeats its inner error in its own text).
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Cancels the returned token on the first SIGINT or SIGTERM; a second

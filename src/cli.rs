@@ -149,6 +149,10 @@ pub struct DlqExportArgs {
     /// Write to this file instead of stdout.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Keep credential header values (Authorization, Cookie, *-token, ...)
+    /// and URL passwords; by default they are redacted, like everywhere else.
+    #[arg(long)]
+    pub include_secrets: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -186,6 +190,13 @@ pub struct RunArgs {
     /// Messages larger than this are dead-lettered as invalid.
     #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+    /// Also refuse private addresses (RFC 1918, loopback, CGNAT, unique local).
+    /// Link-local and cloud-metadata addresses are always refused.
+    #[arg(long, env = "REDELIVER_DENY_PRIVATE")]
+    pub deny_private: bool,
+    /// Networks to allow even when refused above, e.g. 10.20.0.0/16.
+    #[arg(long, env = "REDELIVER_ALLOW_CIDR", value_delimiter = ',')]
+    pub allow_cidr: Vec<ipnet::IpNet>,
     /// How long to wait for the broker to confirm a retry or dead-letter.
     #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub confirm_timeout: Duration,

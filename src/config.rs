@@ -53,13 +53,14 @@ impl fmt::Display for AmqpUrl {
 }
 
 /// Replaces the password in `scheme://user:password@host` with `***`.
+/// A URL without one comes back exactly as it was.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
             let _ = u.set_password(Some("***"));
             u.to_string()
         }
-        Ok(u) => u.to_string(),
+        Ok(_) => url.to_string(),
         Err(_) => "<unparsable url>".to_string(),
     }
 }

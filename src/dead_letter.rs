@@ -110,6 +110,34 @@ impl DeadLetter {
         }
     }
 
+    /// Hides secrets: sensitive request-header values (Authorization,
+    /// Cookie, `*-token`, ...) in the notification and any password in its URL.
+    pub fn redact(&mut self) {
+        if let Some(url) = &self.url {
+            self.url = Some(crate::config::redact_url(url));
+        }
+        let Some(n) = &mut self.notification else {
+            return;
+        };
+        if let Some(u) = n
+            .get("url")
+            .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+        {
+            n.insert("url".into(), raw(&crate::config::redact_url(&u)));
+        }
+        let headers = n
+            .get("headers")
+            .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v.get()).ok());
+        if let Some(mut h) = headers {
+            for (k, v) in h.iter_mut() {
+                if is_secret_header(k) {
+                    *v = REDACTED.into();
+                }
+            }
+            n.insert("headers".into(), raw(&h));
+        }
+    }
+
     /// One JSON line: the notification's fields plus `dead_letter`.
     pub fn to_json_line(&self) -> String {
         let mut out: BTreeMap<String, Box<RawValue>> =
@@ -120,6 +148,20 @@ impl DeadLetter {
         out.insert("dead_letter".into(), raw(&self.meta));
         serde_json::to_string(&out).unwrap_or_default()
     }
+}
+
+pub const REDACTED: &str = "***redacted***";
+
+/// Request headers whose values are credentials.
+pub fn is_secret_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie" | "x-api-key" | "api-key"
+    ) || n.ends_with("-token")
+        || n.ends_with("-secret")
+        || n.contains("password")
+        || n.contains("signature")
 }
 
 fn raw<T: Serialize>(v: &T) -> Box<RawValue> {

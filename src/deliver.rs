@@ -2,10 +2,12 @@
 //! [`AttemptResult`]. No retry logic here.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 
+use crate::guard::{blocked_cause, literal_ip, AddressPolicy};
 use crate::message::Notification;
 use crate::outcome::AttemptResult;
 
@@ -28,18 +30,35 @@ pub trait DeliveryHandler: Send + Sync + 'static {
 pub struct HttpDeliverer {
     client: reqwest::Client,
     timeout: Duration,
+    policy: Arc<AddressPolicy>,
 }
 
 impl HttpDeliverer {
+    /// With the default address policy (link-local and metadata refused).
     pub fn new(timeout: Duration, concurrency: usize) -> Result<Self, reqwest::Error> {
+        Self::with_policy(timeout, concurrency, AddressPolicy::default())
+    }
+
+    pub fn with_policy(
+        timeout: Duration,
+        concurrency: usize,
+        policy: AddressPolicy,
+    ) -> Result<Self, reqwest::Error> {
+        let policy = Arc::new(policy);
         let client = reqwest::Client::builder()
+            // Every hostname is resolved through the SSRF policy.
+            .dns_resolver(policy.resolver())
             // A receiver's redirect is its answer, not an instruction to
             // deliver the payload somewhere else.
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .pool_max_idle_per_host(concurrency)
             .build()?;
-        Ok(HttpDeliverer { client, timeout })
+        Ok(HttpDeliverer {
+            client,
+            timeout,
+            policy,
+        })
     }
 
     fn headers(n: &Notification, attempt: u32) -> HeaderMap {
@@ -76,6 +95,11 @@ impl HttpDeliverer {
 
 impl DeliveryHandler for HttpDeliverer {
     async fn deliver(&self, n: &Notification, attempt: u32) -> AttemptResult {
+        if let Some(Err(b)) = literal_ip(&n.url).map(|ip| self.policy.check(ip)) {
+            return AttemptResult::Refused {
+                error: b.to_string(),
+            };
+        }
         let mut req = self
             .client
             .request(n.method.clone(), n.url.clone())
@@ -85,11 +109,7 @@ impl DeliveryHandler for HttpDeliverer {
         }
         let resp = match req.send().await {
             Ok(r) => r,
-            Err(e) => {
-                return AttemptResult::Failed {
-                    error: describe(&e, self.timeout),
-                }
-            }
+            Err(e) => return failed(&e, self.timeout),
         };
         let status = resp.status().as_u16();
         let retry_after = resp
@@ -110,6 +130,18 @@ impl DeliveryHandler for HttpDeliverer {
             body,
             retry_after,
         }
+    }
+}
+
+/// A blocked address is a refusal for good; anything else may pass.
+fn failed(e: &reqwest::Error, timeout: Duration) -> AttemptResult {
+    match blocked_cause(e) {
+        Some(b) => AttemptResult::Refused {
+            error: b.to_string(),
+        },
+        None => AttemptResult::Failed {
+            error: describe(e, timeout),
+        },
     }
 }
 

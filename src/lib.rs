@@ -15,6 +15,7 @@ pub mod deliver;
 pub mod demo;
 pub mod demo_receiver;
 pub mod dlq;
+pub mod guard;
 pub mod message;
 pub mod ops;
 pub mod outcome;

@@ -23,7 +23,7 @@ async fn main() {
         Command::Demo => app::demo(g).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", app::error_line(&e));
         std::process::exit(1);
     }
 }

@@ -44,6 +44,9 @@ pub async fn dlq_list(
     }
     let mut io = Ok(());
     let s = walk(&conn, &t, &filter(&[], &a.filter), a.limit, Op::Keep, |d| {
+        let mut d = d.clone();
+        d.redact();
+        let d = &d;
         if io.is_ok() {
             io = if a.json {
                 writeln!(out, "{}", d.to_json_line())
@@ -72,16 +75,17 @@ pub async fn dlq_show(g: &GlobalArgs, id: &str, out: &mut impl Write) -> anyhow:
     )
     .await?;
     let _ = conn.close(200, "".into()).await;
-    let Some(d) = found else {
+    let Some(mut d) = found else {
         bail!("no dead letter with id {id:?} in {}", t.dead)
     };
+    d.redact();
     let mut doc = serde_json::Map::new();
     doc.insert("id".into(), d.id.clone().into());
-    let notification = serde_json::from_slice::<serde_json::Value>(&d.raw).ok();
-    doc.insert(
-        "notification".into(),
-        notification.unwrap_or_else(|| String::from_utf8_lossy(&d.raw).into_owned().into()),
-    );
+    let notification = match &d.notification {
+        Some(fields) => serde_json::to_value(fields)?,
+        None => String::from_utf8_lossy(&d.raw).into_owned().into(),
+    };
+    doc.insert("notification".into(), notification);
     doc.insert("dead_letter".into(), serde_json::to_value(&d.meta)?);
     writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     Ok(())
@@ -166,6 +170,10 @@ pub async fn dlq_export(
     let (conn, t) = connect(g, "redeliver dlq export").await?;
     let mut io = Ok(());
     let s = walk(&conn, &t, &filter(&[], &a.filter), None, Op::Keep, |d| {
+        let mut d = d.clone();
+        if !a.include_secrets {
+            d.redact();
+        }
         if io.is_ok() {
             io = writeln!(sink, "{}", d.to_json_line());
         }

@@ -22,7 +22,7 @@ use crate::topology::TopologyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error("cannot connect to the broker at {url}: {source}")]
+    #[error("cannot connect to the broker at {url}")]
     Connect { url: String, source: lapin::Error },
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -39,12 +39,17 @@ pub enum WorkerError {
 impl WorkerError {
     /// Errors an operator must fix; everything else is retried.
     fn is_fatal(&self) -> bool {
-        matches!(
-            self,
+        match self {
+            // Wrong credentials or vhost: waiting will not fix them.
+            WorkerError::Connect { source, .. } => {
+                let text = source.to_string();
+                text.contains("ACCESS_REFUSED") || text.contains("NOT_ALLOWED")
+            }
             WorkerError::Concurrency
-                | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
-                | WorkerError::Topology(TopologyError::Mismatch { .. })
-        )
+            | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
+            | WorkerError::Topology(TopologyError::Mismatch { .. }) => true,
+            _ => false,
+        }
     }
 }
 
@@ -89,7 +94,7 @@ pub async fn run<H: DeliveryHandler>(
                     failures + 1
                 };
                 let delay = reconnect.delay(failures, &mut rand::rng());
-                warn!(error = %e, attempt = failures, retry_in = ?delay, "broker connection lost; reconnecting");
+                warn!(error = %e, attempt = failures, retry_in = ?delay, "no broker connection; reconnecting");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}

@@ -51,8 +51,18 @@ pub fn schedule_settings(schedule: &str, max_attempts: u32, concurrency: usize) 
 }
 
 pub fn spawn_worker(url: &str, prefix: &str, settings: WorkerSettings) -> Worker {
-    let token = CancellationToken::new();
     let handler = HttpDeliverer::new(Duration::from_secs(5), settings.concurrency).unwrap();
+    spawn_worker_with(url, prefix, settings, handler)
+}
+
+/// A worker with a handler of the test's choosing.
+pub fn spawn_worker_with(
+    url: &str,
+    prefix: &str,
+    settings: WorkerSettings,
+    handler: impl redeliver::DeliveryHandler,
+) -> Worker {
+    let token = CancellationToken::new();
     let b = broker(url, prefix);
     let t = token.clone();
     let join = tokio::spawn(async move { redeliver::run(&b, settings, handler, t).await });
