@@ -1,6 +1,7 @@
 //! The commands, one library function each; `main.rs` only calls these.
 
 use std::io::{BufRead, Write};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
@@ -14,10 +15,13 @@ use crate::deliver::HttpDeliverer;
 use crate::guard::AddressPolicy;
 use crate::outcome::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};
-use crate::publish::{prepare, Prepared, Publisher};
+use crate::publish::{prepare, Prepared, PublishError, Publisher};
+use crate::topology::TopologyError;
 
 /// Confirms awaited at once while publishing a file.
 const PUBLISH_WINDOW: usize = 256;
+/// Connection attempts of one `publish` (backoff 0.5 s, 1 s, 2 s, ...).
+const PUBLISH_TRIES: u32 = 6;
 
 pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
     BrokerSettings {
@@ -88,42 +92,82 @@ pub fn retry_policy(p: &PolicyArgs) -> anyhow::Result<RetryPolicy> {
 }
 
 /// `redeliver publish`: validates everything first, then publishes with
-/// confirms and prints each confirmed id on stdout.
+/// confirms and prints each confirmed id on stdout. A lost connection is
+/// retried (`PUBLISH_TRIES` in all) from the first unconfirmed notification.
 pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
     let notifications = match &args.file {
         Some(path) => read_lines(path, args.max_message_bytes)?,
         None => vec![prepare(&single_json(args)?, args.max_message_bytes)?],
     };
     let broker = broker_settings(g);
+    let mut out = std::io::stdout().lock();
+    let mut done = 0;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let err = match publish_from(&broker, &notifications, args.delay, &mut done, &mut out).await
+        {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if tries >= PUBLISH_TRIES || !transient(&err) {
+            let left = notifications.len() - done;
+            return Err(err.context(format!(
+                "publishing failed after {tries} tries; {left} notification(s) not confirmed"
+            )));
+        }
+        let delay = Duration::from_millis(250 << tries.min(6));
+        tracing::warn!(error = %error_line(&err), retry_in = ?delay, "publishing interrupted; retrying");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Publishes `all[*done..]`, advancing `done` past each confirmed id.
+async fn publish_from(
+    broker: &BrokerSettings,
+    all: &[Prepared],
+    delay: Option<Duration>,
+    done: &mut usize,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let conn = broker
         .url
         .connect("redeliver publish")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
     let topology = broker.declare_topology(&conn).await?;
-    let publisher = Publisher::new(
-        &conn,
-        topology,
-        broker.delay,
-        std::time::Duration::from_secs(30),
-    )
-    .await?;
-    let mut out = std::io::stdout().lock();
-    let mut confirmed = stream::iter(notifications.iter().map(|n| {
+    let publisher = Publisher::new(&conn, topology, broker.delay, Duration::from_secs(30)).await?;
+    let mut confirmed = stream::iter(all[*done..].iter().map(|n| {
         let publisher = &publisher;
-        async move {
-            publisher
-                .publish_new(n, args.delay)
-                .await
-                .map(|_| n.id.as_str())
-        }
+        async move { publisher.publish_new(n, delay).await.map(|_| n.id.as_str()) }
     }))
     .buffered(PUBLISH_WINDOW);
-    while let Some(id) = confirmed.try_next().await.context("publishing failed")? {
+    while let Some(id) = confirmed.try_next().await? {
         writeln!(out, "{id}")?;
+        *done += 1;
     }
+    drop(confirmed);
     let _ = conn.close(200, "done".into()).await;
     Ok(())
+}
+
+/// Connection trouble is worth another try; a refusal is not.
+fn transient(e: &anyhow::Error) -> bool {
+    let text = error_line(e);
+    if text.contains("ACCESS_REFUSED") || text.contains("NOT_ALLOWED") {
+        return false;
+    }
+    e.chain().any(|c| {
+        c.downcast_ref::<lapin::Error>().is_some()
+            || matches!(
+                c.downcast_ref::<PublishError>(),
+                Some(PublishError::Amqp(_) | PublishError::ConfirmTimeout(_))
+            )
+            || matches!(
+                c.downcast_ref::<TopologyError>(),
+                Some(TopologyError::Amqp { .. })
+            )
+    })
 }
 
 fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Prepared>> {

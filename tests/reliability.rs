@@ -142,3 +142,77 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
     assert_eq!(back, 2, "both unfinished deliveries are back in the queue");
     cleanup(&url, &p).await;
 }
+
+/// `publish` rides out a broker that is down for a few seconds, and prints
+/// the id only once it is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_retries_until_the_broker_is_back() {
+    const PORT: u16 = 5687;
+    let url = tokio::task::spawn_blocking(|| ctl(PORT, &["up"]))
+        .await
+        .unwrap();
+    let p = prefix("pubretry");
+    tokio::task::spawn_blocking(|| ctl(PORT, &["down"]))
+        .await
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args([
+            "--amqp-url",
+            &url,
+            "--prefix",
+            &p,
+            "publish",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--id",
+            "late",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::spawn_blocking(|| ctl(PORT, &["up"]))
+        .await
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let len = queue_len(&url, &format!("{p}.work")).await;
+    tokio::task::spawn_blocking(|| ctl(PORT, &["down"]))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("publishing interrupted; retrying"),
+        "{stderr}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "late");
+    assert_eq!(len, 1);
+}
+
+/// With no broker at all, `publish` gives up after a bounded number of
+/// tries, says so, and prints no id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_gives_up_clearly_without_a_broker() {
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args([
+            "--amqp-url",
+            "amqp://guest:guest@127.0.0.1:5999/%2f",
+            "publish",
+            "--url",
+            "http://127.0.0.1:9/",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no id printed");
+    assert!(
+        stderr.contains("publishing failed after 6 tries; 1 notification(s) not confirmed"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
