@@ -1,10 +1,12 @@
 //! The commands, one library function each; `main.rs` only calls these.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
@@ -99,6 +101,9 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
         Some(path) => read_lines(path, args.max_message_bytes)?,
         None => vec![prepare(&single_json(args)?, args.max_message_bytes)?],
     };
+    if args.delay.is_some_and(|d| d > crate::policy::MAX_DELAY) {
+        bail!("--delay can be at most 4294967295 ms (~49.7 days), the delayed-message limit");
+    }
     let broker = broker_settings(g);
     let mut out = std::io::stdout().lock();
     let mut done = 0;
@@ -185,6 +190,13 @@ fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Pr
         if line.trim().is_empty() {
             continue;
         }
+        if is_invalid_dead_letter(&line) {
+            tracing::warn!(
+                line = i + 1,
+                "skipped: an exported `invalid` dead letter holds no notification to publish"
+            );
+            continue;
+        }
         let n = prepare(&line, max_bytes)
             .with_context(|| format!("{} line {}", path.display(), i + 1))?;
         out.push(n);
@@ -192,12 +204,25 @@ fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Pr
     Ok(out)
 }
 
+/// A `dlq export` line of a message that never was a notification.
+fn is_invalid_dead_letter(line: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        dead_letter: Option<Dead>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Dead {
+        raw_body: Option<String>,
+    }
+    serde_json::from_str::<Line>(line)
+        .is_ok_and(|l| l.dead_letter.is_some_and(|d| d.raw_body.is_some()))
+}
+
 /// The JSON object for `publish --url ...`.
 fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
-    let mut o = serde_json::Map::new();
-    o.insert("v".into(), crate::message::FORMAT_VERSION.into());
-    let url = a.url.as_deref().context("--url is required")?;
-    o.insert("url".into(), url.into());
+    let mut o: BTreeMap<&str, Box<RawValue>> = BTreeMap::new();
+    o.insert("v", raw(&crate::message::FORMAT_VERSION)?);
+    o.insert("url", raw(&a.url.as_deref().context("--url is required")?)?);
     let body = match (&a.body, &a.body_file) {
         (Some(b), _) => Some(b.clone()),
         (None, Some(f)) => Some(
@@ -206,37 +231,50 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
         (None, None) => None,
     };
     if let Some(b) = body {
-        let v: serde_json::Value =
-            serde_json::from_str(&b).context("the body is not valid JSON")?;
-        o.insert("body".into(), v);
+        // The exact text, so a signed or byte-compared body arrives unchanged.
+        let text =
+            RawValue::from_string(b.trim().to_string()).context("the body is not valid JSON")?;
+        o.insert("body", text);
     }
     if let Some(id) = &a.id {
-        o.insert("id".into(), id.as_str().into());
+        o.insert("id", raw(id)?);
     }
-    let mut headers = serde_json::Map::new();
+    let mut headers = BTreeMap::new();
     for h in &a.headers {
         let Some((k, v)) = h.split_once(':') else {
             bail!("--header {h:?} is not `Name: value`")
         };
-        headers.insert(k.trim().into(), v.trim().into());
+        headers.insert(k.trim().to_string(), v.trim().to_string());
     }
     if !headers.is_empty() {
-        o.insert("headers".into(), headers.into());
+        o.insert("headers", raw(&headers)?);
     }
     if let Some(m) = &a.method {
-        o.insert("method".into(), m.as_str().into());
+        o.insert("method", raw(m)?);
     }
     if let Some(n) = a.max_attempts {
-        o.insert("max_attempts".into(), n.into());
+        o.insert("max_attempts", raw(&n)?);
     }
     if let Some(s) = &a.schedule {
-        let entries: Vec<serde_json::Value> = s.split(',').map(|e| e.trim().into()).collect();
-        o.insert("schedule".into(), entries.into());
+        let entries: Vec<&str> = s.split(',').map(str::trim).collect();
+        o.insert("schedule", raw(&entries)?);
     }
     if let Some(s) = &a.success_body {
-        o.insert("success_body".into(), s.as_str().into());
+        o.insert("success_body", raw(s)?);
     }
-    Ok(serde_json::Value::Object(o).to_string())
+    Ok(serde_json::to_string(&o)?)
+}
+
+fn raw<T: serde::Serialize + ?Sized>(v: &T) -> anyhow::Result<Box<RawValue>> {
+    Ok(serde_json::value::to_raw_value(v)?)
+}
+
+/// Output cut short by the reader (`redeliver dlq list | head`) is not a failure.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// One line for an error and its causes, leaving out a cause whose text

@@ -88,8 +88,8 @@ pub enum DlqCommand {
 /// Which dead letters: all filters must match.
 #[derive(Debug, Args, Clone, Default)]
 pub struct DlqFilterArgs {
-    /// Only this dead-letter reason (max-attempts, permanent-status, permanent, invalid).
-    #[arg(long)]
+    /// Only this dead-letter reason.
+    #[arg(long, value_parser = ["max-attempts", "permanent-status", "permanent", "invalid"])]
     pub reason: Option<String>,
     /// Only notifications whose URL contains this text.
     #[arg(long)]
@@ -198,7 +198,7 @@ pub struct RunArgs {
     #[arg(long, env = "REDELIVER_ALLOW_CIDR", value_delimiter = ',')]
     pub allow_cidr: Vec<ipnet::IpNet>,
     /// How long to wait for the broker to confirm a retry or dead-letter.
-    #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = confirm_timeout)]
     pub confirm_timeout: Duration,
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[arg(long, env = "REDELIVER_SHUTDOWN_GRACE", default_value = "30s", value_parser = duration)]
@@ -291,6 +291,16 @@ pub struct PublishArgs {
     /// Largest notification accepted.
     #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+}
+
+/// Below a second, a slow broker's confirm would routinely "time out" after
+/// the copy was already published, and every copy would start a retry chain.
+fn confirm_timeout(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err("must be at least 1s".into());
+    }
+    Ok(d)
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

@@ -75,22 +75,10 @@ pub struct BrokerSettings {
 }
 
 impl BrokerSettings {
-    /// Declares the prefix's topology on a channel of its own (a refused
-    /// declare closes its channel) and returns the names.
+    /// Declares the prefix's topology and returns its names.
     pub async fn declare_topology(&self, conn: &Connection) -> Result<Topology, TopologyError> {
         let topology = Topology::new(&self.prefix);
-        let channel = conn
-            .create_channel()
-            .await
-            .map_err(|source| TopologyError::Amqp {
-                what: "a channel for",
-                name: topology.prefix.clone(),
-                source,
-            })?;
-        topology
-            .declare(&channel, self.queue_type, self.delay)
-            .await?;
-        let _ = channel.close(200, "topology declared".into()).await;
+        topology.declare(conn, self.queue_type, self.delay).await?;
         Ok(topology)
     }
 }

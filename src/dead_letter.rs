@@ -60,7 +60,7 @@ impl DeadLetter {
         let id = field("id")
             .or_else(|| state::get(headers, H_ID).and_then(state::string))
             .or_else(|| message_id.map(str::to_string))
-            .unwrap_or_else(|| "-".to_string());
+            .unwrap_or_else(|| crate::message::derived_id(data));
         let text = |k| state::get(headers, k).and_then(state::string);
         let int = |k| state::get(headers, k).and_then(state::int);
         let history = match state::get(headers, H_HISTORY) {
@@ -142,9 +142,9 @@ impl DeadLetter {
     pub fn to_json_line(&self) -> String {
         let mut out: BTreeMap<String, Box<RawValue>> =
             self.notification.clone().unwrap_or_default();
-        if self.notification.is_none() {
-            out.insert("id".into(), raw(&self.id));
-        }
+        // Always carry the id (a producer may have sent it as the AMQP
+        // message-id only), so a re-import keeps what receivers dedupe on.
+        out.entry("id".into()).or_insert_with(|| raw(&self.id));
         out.insert("dead_letter".into(), raw(&self.meta));
         serde_json::to_string(&out).unwrap_or_default()
     }

@@ -60,7 +60,11 @@ pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Resu
         "policy: schedule {SCHEDULE}, max {MAX_ATTEMPTS} attempts, timeout {}s\n",
         TIMEOUT.as_secs()
     )?;
-    let result = run(&b, addr, out).await;
+    // Ctrl-C still cleans up: the demo's queues never outlive it.
+    let result = tokio::select! {
+        r = run(&b, addr, out) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
     receiver.abort();
     let cleaned = cleanup(&b).await;
     result?;
@@ -128,7 +132,7 @@ async fn run(
     }
     stop.cancel();
     worker.await.context("worker task")??;
-    summary(out, b, &conn, &topology, &t, total).await?;
+    summary(out, &conn, &topology, &t, total).await?;
     let _ = conn.close(200, "demo done".into()).await;
     Ok(())
 }
@@ -177,13 +181,16 @@ fn progress(
 
 async fn summary(
     out: &mut impl Write,
-    b: &BrokerSettings,
     conn: &lapin::Connection,
     topology: &Topology,
     t: &Tally,
     total: usize,
 ) -> anyhow::Result<()> {
-    writeln!(out, "\n$ redeliver --prefix {} dlq list", b.prefix)?;
+    writeln!(
+        out,
+        "\nThe dead-letter queue {} (`redeliver dlq list`), before the demo deletes it:",
+        topology.dead
+    )?;
     crate::ops::table_header(out)?;
     let mut io = Ok(());
     walk(conn, topology, &Filter::default(), None, Op::Keep, |d| {

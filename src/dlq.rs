@@ -43,6 +43,8 @@ pub struct Summary {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DlqError {
+    #[error("there is no dead-letter queue {0} (nothing was dead-lettered on this --prefix yet, or the prefix is wrong)")]
+    NoQueue(String),
     #[error("AMQP error: {0}")]
     Amqp(#[from] lapin::Error),
     #[error("republishing {id} failed: {source}")]
@@ -62,7 +64,11 @@ pub async fn walk(
     let ch = conn.create_channel().await?;
     // Only what is there now: dead letters that arrive during the walk
     // are left for the next one.
-    let total = dead_count(&ch, topology).await?;
+    let total = match dead_count(&ch, topology).await {
+        Ok(n) => n,
+        Err(e) if e.is_amqp_soft_error() => return Err(DlqError::NoQueue(topology.dead.clone())),
+        Err(e) => return Err(e.into()),
+    };
     let now = crate::process::now_ms();
     let mut s = Summary::default();
     while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
@@ -142,5 +148,5 @@ fn fresh(props: &BasicProperties) -> BasicProperties {
                 .into()
         })
         .unwrap_or_default();
-    props.clone().with_headers(headers).with_delivery_mode(2)
+    crate::publish::republish_properties(props, headers)
 }

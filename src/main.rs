@@ -23,6 +23,9 @@ async fn main() {
         Command::Demo => app::demo(g).await,
     };
     if let Err(e) = result {
+        if app::is_broken_pipe(&e) {
+            return;
+        }
         eprintln!("error: {}", app::error_line(&e));
         std::process::exit(1);
     }

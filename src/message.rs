@@ -83,6 +83,8 @@ pub enum InvalidMessage {
     Policy(#[from] PolicyError),
     #[error("bad retry-state header {0}: {1}")]
     BadState(&'static str, String),
+    #[error("it holds redacted secrets (\"***redacted***\"); export with `dlq export --include-secrets` to move notifications with their credentials")]
+    Redacted,
 }
 
 /// Decodes and validates one AMQP body. `fallback_id` is used when the JSON
@@ -104,7 +106,7 @@ pub fn decode(
     let url = parse_url(wire.url.as_deref().ok_or(InvalidMessage::MissingUrl)?)?;
     let id = match wire.id.as_deref().or(fallback_id) {
         Some(id) => check_id(id)?,
-        None => uuid::Uuid::new_v4().to_string(),
+        None => derived_id(bytes),
     };
     let max_attempts = wire
         .max_attempts
@@ -121,6 +123,14 @@ pub fn decode(
         schedule,
         success_body: wire.success_body,
     })
+}
+
+/// The id of a notification that carries none (no `id`, no AMQP
+/// message-id): a UUIDv5 of its bytes, so every redelivery of the same
+/// message gets the same `webhook-id`. Identical bodies share an id.
+pub fn derived_id(bytes: &[u8]) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x7b0c_2a4e_9d1f_4c3b_8e57_52ed_e11d_e15a);
+    uuid::Uuid::new_v5(&NAMESPACE, bytes).to_string()
 }
 
 pub fn parse_url(s: &str) -> Result<Url, InvalidMessage> {

@@ -14,6 +14,11 @@ fn minimal_and_full_notifications_decode() {
     assert_eq!(n.method, reqwest::Method::POST);
     assert!(n.body.is_none());
     assert_eq!(n.id.len(), 36, "a UUID is assigned");
+    let again = ok(r#"{"url":"http://127.0.0.1:9/x"}"#);
+    assert_eq!(
+        n.id, again.id,
+        "derived from the bytes, so redeliveries keep it"
+    );
 
     let n = ok(
         r#"{"v":1,"id":"pay-1","url":"https://example.com/cb","method":"put",

@@ -39,14 +39,15 @@ pub async fn dlq_list(
     out: &mut impl Write,
 ) -> anyhow::Result<Summary> {
     let (conn, t) = connect(g, "redeliver dlq list").await?;
-    if !a.json {
-        table_header(out)?;
-    }
+    let mut header = !a.json;
     let mut io = Ok(());
     let s = walk(&conn, &t, &filter(&[], &a.filter), a.limit, Op::Keep, |d| {
         let mut d = d.clone();
         d.redact();
         let d = &d;
+        if std::mem::take(&mut header) {
+            io = table_header(out);
+        }
         if io.is_ok() {
             io = if a.json {
                 writeln!(out, "{}", d.to_json_line())
@@ -56,6 +57,9 @@ pub async fn dlq_list(
         }
     })
     .await?;
+    if header {
+        table_header(out)?;
+    }
     io?;
     let _ = conn.close(200, "".into()).await;
     Ok(s)

@@ -15,7 +15,7 @@ use crate::deliver::DeliveryHandler;
 use crate::message::{self, InvalidMessage, Notification};
 use crate::outcome::{classify, Classified};
 use crate::policy::{Backoff, RetryPolicy};
-use crate::publish::{PublishError, Publisher};
+use crate::publish::{republish_properties, PublishError, Publisher};
 use crate::retry::{decide, Action, DeadReason};
 use crate::state::{self, AttemptRecord, RetryState};
 
@@ -27,7 +27,14 @@ pub struct Context<H> {
     /// Cancelled when the shutdown grace is over: unfinished deliveries are
     /// then nacked back to the queue.
     pub hard_stop: CancellationToken,
+    /// Cancelled when republishing fails in a way a new connection (and a
+    /// fresh topology declaration) may cure: unroutable or unconfirmed.
+    pub broken: CancellationToken,
 }
+
+/// How long a delivery whose republish failed waits before it is requeued,
+/// so a broken broker path is not hammered with HTTP attempts.
+const REQUEUE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Processes one delivery to the end: it is acked only after any republish
 /// was confirmed, and nacked (requeued) when that republish failed.
@@ -47,6 +54,16 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
         Some(Ok(())) => d.acker.ack(BasicAckOptions::default()).await,
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
+            if matches!(
+                e,
+                PublishError::Unroutable | PublishError::ConfirmTimeout(_)
+            ) {
+                ctx.broken.cancel();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(REQUEUE_BACKOFF) => {}
+                _ = ctx.hard_stop.cancelled() => {}
+            }
             d.acker
                 .nack(BasicNackOptions {
                     requeue: true,
@@ -158,11 +175,7 @@ async fn dead_letter<H>(
     reason: DeadReason,
 ) -> Result<(), PublishError> {
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
-    let props = d
-        .properties
-        .clone()
-        .with_headers(headers)
-        .with_delivery_mode(2);
+    let props = republish_properties(&d.properties, headers);
     ctx.publisher.dead_letter(&d.data, props).await
 }
 

@@ -9,6 +9,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde_json::value::RawValue;
 
+use crate::dead_letter::REDACTED;
 use crate::delay::DelayBackend;
 use crate::message::{self, InvalidMessage};
 use crate::topology::Topology;
@@ -80,6 +81,7 @@ impl Publisher {
     }
 
     /// Republishes a failed delivery to wait `delay` before its next attempt.
+    /// The copy gets the original's properties (see [`republish_properties`]).
     pub async fn retry(
         &self,
         payload: &[u8],
@@ -99,7 +101,7 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
         let route = self.delay.route(&self.topology, ms, headers);
-        let props = props.with_headers(std::mem::take(headers));
+        let props = republish_properties(&props, std::mem::take(headers));
         self.confirmed(&route.exchange, &route.routing_key, false, payload, props)
             .await
     }
@@ -155,6 +157,40 @@ impl Publisher {
     }
 }
 
+/// The properties of a republished copy: the original's, minus what would
+/// make the broker drop or refuse it (`expiration`, `user-id` of another
+/// user), persistent, and with the given headers.
+pub fn republish_properties(orig: &BasicProperties, headers: FieldTable) -> BasicProperties {
+    let mut p = BasicProperties::default()
+        .with_headers(headers)
+        .with_delivery_mode(2);
+    if let Some(v) = orig.content_type() {
+        p = p.with_content_type(v.clone());
+    }
+    if let Some(v) = orig.content_encoding() {
+        p = p.with_content_encoding(v.clone());
+    }
+    if let Some(v) = orig.priority() {
+        p = p.with_priority(*v);
+    }
+    if let Some(v) = orig.correlation_id() {
+        p = p.with_correlation_id(v.clone());
+    }
+    if let Some(v) = orig.message_id() {
+        p = p.with_message_id(v.clone());
+    }
+    if let Some(v) = orig.timestamp() {
+        p = p.with_timestamp(*v);
+    }
+    if let Some(v) = orig.kind() {
+        p = p.with_type(v.clone());
+    }
+    if let Some(v) = orig.app_id() {
+        p = p.with_app_id(v.clone());
+    }
+    p
+}
+
 /// Persistent JSON with the notification id as the AMQP message-id.
 pub fn notification_properties(id: &str) -> BasicProperties {
     BasicProperties::default()
@@ -176,6 +212,9 @@ pub struct Prepared {
 pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage> {
     let mut fields: BTreeMap<String, Box<RawValue>> =
         serde_json::from_str(json).map_err(|e| InvalidMessage::Json(e.to_string()))?;
+    // A line from `dlq export` carries its old death record; it is history,
+    // not part of the notification.
+    fields.remove("dead_letter");
     if !fields.contains_key("id") {
         let id = serde_json::to_string(&uuid::Uuid::new_v4().to_string())
             .map_err(|e| InvalidMessage::Json(e.to_string()))?;
@@ -184,6 +223,10 @@ pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage>
     }
     let payload = serde_json::to_vec(&fields).map_err(|e| InvalidMessage::Json(e.to_string()))?;
     let n = message::decode(&payload, max_bytes, None)?;
+    let redacted = n.headers.values().any(|v| v == REDACTED) || n.url.password() == Some("***");
+    if redacted {
+        return Err(InvalidMessage::Redacted);
+    }
     Ok(Prepared { id: n.id, payload })
 }
 

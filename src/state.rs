@@ -52,13 +52,11 @@ impl RetryState {
             None => 0,
             Some(v) => int(v)
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| InvalidMessage::BadState(H_ATTEMPT, format!("{v:?}")))?,
+                .ok_or_else(|| InvalidMessage::BadState(H_ATTEMPT, shown(v)))?,
         };
         let first_attempt_at = match m.get(H_FIRST_AT) {
             None => None,
-            Some(v) => {
-                Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, format!("{v:?}")))?)
-            }
+            Some(v) => Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, shown(v)))?),
         };
         let id = m.get(H_ID).and_then(string);
         let history = match m.get(H_HISTORY) {
@@ -157,6 +155,11 @@ pub fn truncate(s: &str, max_chars: usize) -> &str {
 
 pub fn long_string(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// A header value as an operator should read it (JSON), not a debug dump.
+fn shown(v: &AMQPValue) -> String {
+    crate::dead_letter::to_json(v).to_string()
 }
 
 /// Any AMQP integer type.

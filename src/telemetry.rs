@@ -15,6 +15,12 @@ pub fn init() {
 /// progress, so it only wants warnings).
 pub fn init_with_default(default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // lapin's I/O loop traces raw frames, the login's credentials included;
+    // no RUST_LOG setting may turn that on.
+    let filter = match "lapin::io_loop=off".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

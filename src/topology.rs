@@ -3,7 +3,7 @@
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::delay::DelayBackend;
 
@@ -64,14 +64,15 @@ impl Topology {
         }
     }
 
-    /// Declares everything. A broker-side error closes the channel, so each
-    /// call gets a channel of its own from the caller on failure.
+    /// Declares everything, on channels of its own (a broker-side refusal
+    /// closes the channel it happened on).
     pub async fn declare(
         &self,
-        ch: &Channel,
+        conn: &Connection,
         queue_type: QueueType,
         delay: DelayBackend,
     ) -> Result<(), TopologyError> {
+        let ch = &channel(conn, &self.prefix).await?;
         let durable = ExchangeDeclareOptions {
             durable: true,
             ..Default::default()
@@ -89,14 +90,20 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
-        ch.queue_declare(self.work.as_str().into(), q, work_args(queue_type))
-            .await
-            .map_err(|e| classify("queue", &self.work, e))?;
+        // An existing work queue keeps its type: `--queue-type` only
+        // matters the first time, so later commands need not repeat it.
+        if !exists(conn, &self.work).await? {
+            ch.queue_declare(self.work.as_str().into(), q, work_args(queue_type))
+                .await
+                .map_err(|e| classify("queue", &self.work, e))?;
+        }
         ch.queue_declare(self.dead.as_str().into(), q, dead_args())
             .await
             .map_err(|e| classify("queue", &self.dead, e))?;
         self.bind(ch, &self.intake, "").await?;
-        self.bind(ch, &self.retry, &self.work).await
+        self.bind(ch, &self.retry, &self.work).await?;
+        let _ = ch.close(200, "topology declared".into()).await;
+        Ok(())
     }
 
     async fn bind(&self, ch: &Channel, exchange: &str, key: &str) -> Result<(), TopologyError> {
@@ -109,6 +116,41 @@ impl Topology {
         )
         .await
         .map_err(|e| classify("binding to", exchange, e))
+    }
+}
+
+async fn channel(conn: &Connection, prefix: &str) -> Result<Channel, TopologyError> {
+    conn.create_channel()
+        .await
+        .map_err(|source| TopologyError::Amqp {
+            what: "a channel for",
+            name: prefix.to_string(),
+            source,
+        })
+}
+
+/// A passive declare on a channel of its own (a missing queue closes it).
+async fn exists(conn: &Connection, queue: &str) -> Result<bool, TopologyError> {
+    let amqp = |source| TopologyError::Amqp {
+        what: "queue",
+        name: queue.to_string(),
+        source,
+    };
+    let probe = conn.create_channel().await.map_err(amqp)?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let found = probe
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await;
+    match found {
+        Ok(_) => {
+            let _ = probe.close(200, "".into()).await;
+            Ok(true)
+        }
+        Err(e) if e.is_amqp_soft_error() => Ok(false),
+        Err(e) => Err(amqp(e)),
     }
 }
 

@@ -32,8 +32,14 @@ pub enum WorkerError {
     ConsumerCancelled,
     #[error("the publishing channel closed")]
     PublisherClosed,
+    #[error(
+        "republishing failed (unroutable or unconfirmed); reconnecting to re-declare the topology"
+    )]
+    RepublishFailing,
     #[error("concurrency must be at least 1")]
     Concurrency,
+    #[error("invalid broker URL {url}: {reason}")]
+    BadUrl { url: String, reason: String },
 }
 
 impl WorkerError {
@@ -46,6 +52,7 @@ impl WorkerError {
                 text.contains("ACCESS_REFUSED") || text.contains("NOT_ALLOWED")
             }
             WorkerError::Concurrency
+            | WorkerError::BadUrl { .. }
             | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
             | WorkerError::Topology(TopologyError::Mismatch { .. }) => true,
             _ => false,
@@ -76,6 +83,13 @@ pub async fn run<H: DeliveryHandler>(
 ) -> Result<(), WorkerError> {
     if settings.concurrency == 0 {
         return Err(WorkerError::Concurrency);
+    }
+    // A malformed URL would otherwise look like a broker that is down.
+    if let Err(reason) = broker.url.expose().parse::<lapin::uri::AMQPUri>() {
+        return Err(WorkerError::BadUrl {
+            url: broker.url.redacted(),
+            reason,
+        });
     }
     let handler = Arc::new(handler);
     let semaphore = Arc::new(Semaphore::new(settings.concurrency));
@@ -177,6 +191,7 @@ async fn consume<H: DeliveryHandler>(
         publisher,
         settings: settings.clone(),
         hard_stop: hard_stop.clone(),
+        broken: CancellationToken::new(),
     });
     let tracker = TaskTracker::new();
     let result = loop {
@@ -192,6 +207,7 @@ async fn consume<H: DeliveryHandler>(
         }
         let delivery = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
+            _ = ctx.broken.cancelled() => break Err(WorkerError::RepublishFailing),
             d = consumer.next() => d,
         };
         match delivery {

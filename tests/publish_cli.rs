@@ -109,7 +109,11 @@ async fn single_publish_with_flags_and_delay_is_delivered_late() {
     assert_eq!(r.method, "PUT");
     assert_eq!(r.header("x-one").as_deref(), Some("1"));
     assert_eq!(r.id(), "fixed-id");
-    assert_eq!(&r.body[..], br#"{"a":1}"#);
+    assert_eq!(
+        &r.body[..],
+        br#"{"a": 1}"#,
+        "the --body text is sent as typed"
+    );
     w.stop().await;
     cleanup(&url, &p).await;
 }

@@ -95,7 +95,7 @@ pub async fn publish_raw(url: &str, prefix: &str, payload: &[u8], headers: Optio
     let conn = b.url.connect("test raw").await.unwrap();
     let t = Topology::new(prefix);
     let ch = conn.create_channel().await.unwrap();
-    t.declare(&ch, b.queue_type, b.delay).await.unwrap();
+    t.declare(&conn, b.queue_type, b.delay).await.unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
     let mut props = BasicProperties::default().with_delivery_mode(2);
     if let Some(h) = headers {
@@ -216,7 +216,7 @@ pub async fn publish_to_queue(
     let conn = b.url.connect("test to-queue").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     Topology::new(prefix)
-        .declare(&ch, b.queue_type, b.delay)
+        .declare(&conn, b.queue_type, b.delay)
         .await
         .unwrap();
     ch.confirm_select(Default::default()).await.unwrap();

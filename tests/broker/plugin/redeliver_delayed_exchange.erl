@@ -156,9 +156,11 @@ parse_delay(Type, V) when is_integer(V), Type =/= timestamp, Type =/= bool ->
 parse_delay(Type, V) when is_float(V), (Type =:= float orelse Type =:= double) ->
     in_range(trunc(V));
 parse_delay(longstr, Bin) when is_binary(Bin) ->
-    case string_number(string:trim(Bin)) of
+    %% string:trim/1 raises on invalid UTF-8; any odd string routes at once.
+    try string_number(string:trim(Bin)) of
         {ok, N} -> in_range(N);
         error -> none
+    catch _:_ -> none
     end;
 parse_delay(_Type, _V) -> none.
 

@@ -33,9 +33,17 @@
 
 start_link() -> gen_server:start_link({local, ?SERVER}, ?MODULE, [], []).
 
-%% Blocks the calling channel until the message is fsync'd.
+%% Blocks the calling channel until the message is fsync'd. With the
+%% `late_write_ms` setting (tests of redeliver's --retry-settle only) it
+%% mimics the upstream plugin instead: the confirm goes out at once and the
+%% message reaches the disk that much later, so a kill -9 in between loses it.
 hold(XName, DelayMs, Msg) ->
-    gen_server:call(?SERVER, {hold, XName, DelayMs, Msg}, 60000).
+    case application:get_env(redeliver_delayed_exchange, late_write_ms, 0) of
+        Late when is_integer(Late), Late > 0 ->
+            gen_server:cast(?SERVER, {hold_late, Late, now_ms() + DelayMs, XName, Msg});
+        _ ->
+            gen_server:call(?SERVER, {hold, XName, DelayMs, Msg}, 60000)
+    end.
 
 drop_exchange(XName) -> gen_server:call(?SERVER, {drop_exchange, XName}, 60000).
 
@@ -62,14 +70,20 @@ handle_call({hold, XName, DelayMs, Msg}, From, St = #st{seq = Seq}) ->
 handle_call({drop_exchange, XName}, _From, St) ->
     Keys = [K || {K, X, _} <- ets:tab2list(?INDEX), X =:= XName],
     [ets:delete(?INDEX, K) || K <- Keys],
-    _ = file:write(St#st.fd, [frame({done, K}) || K <- Keys]),
+    _ = append(St#st.fd, [frame({done, K}) || K <- Keys]),
     {reply, ok, St#st{dead = St#st.dead + length(Keys)}};
 handle_call(_Req, _From, St) ->
     {reply, {error, unknown_call}, St}.
 
+handle_cast({hold_late, Late, Due, XName, Msg}, St) ->
+    erlang:send_after(Late, self(), {late_hold, Due, XName, Msg}),
+    {noreply, St};
 handle_cast(_Msg, St) -> {noreply, St}.
 
 handle_info(flush, St) -> {noreply, arm(flush(St))};
+handle_info({late_hold, Due, XName, Msg}, St = #st{seq = Seq}) ->
+    Pending = [{nobody, {Due, Seq + 1}, XName, Msg} | St#st.pending],
+    {noreply, queue_flush(St#st{seq = Seq + 1, pending = Pending})};
 handle_info(ready, St) ->
     case rabbit:is_running() of
         true -> {noreply, arm(route_due(St#st{ready = true}))};
@@ -96,7 +110,7 @@ queue_flush(St) -> self() ! flush, St#st{flush_queued = true}.
 flush(St = #st{pending = Pending, fd = Fd}) ->
     Batch = lists:reverse(Pending),
     Frames = [frame({hold, K, X, M}) || {_, K, X, M} <- Batch],
-    Result = case file:write(Fd, Frames) of
+    Result = case append(Fd, Frames) of
                  ok -> file:datasync(Fd);
                  Err -> Err
              end,
@@ -104,7 +118,7 @@ flush(St = #st{pending = Pending, fd = Fd}) ->
         ok -> [ets:insert(?INDEX, {K, X, M}) || {_, K, X, M} <- Batch];
         _ -> rabbit_log:error("x-delayed-message stand-in: write failed: ~p", [Result])
     end,
-    [gen_server:reply(From, Result) || {From, _, _, _} <- Batch],
+    [gen_server:reply(From, Result) || {From, _, _, _} <- Batch, From =/= nobody],
     St#st{pending = [], flush_queued = false}.
 
 %% --- scheduling -----------------------------------------------------------
@@ -153,7 +167,7 @@ write_tombstones(St = #st{tombstones = Q}) ->
     {Keys, Rest} = take_older(Cutoff, Q, []),
     _ = case Keys of
             [] -> ok;
-            _ -> file:write(St#st.fd, [frame({done, K}) || K <- Keys])
+            _ -> append(St#st.fd, [frame({done, K}) || K <- Keys])
         end,
     St#st{tombstones = Rest, dead = St#st.dead + length(Keys)}.
 
@@ -165,6 +179,19 @@ take_older(Cutoff, Q, Acc) ->
     end.
 
 %% --- the log --------------------------------------------------------------
+
+%% A failed write (a full disk, say) may leave part of a frame behind; it is
+%% cut off again, so later frames never sit behind a torn one (replay stops
+%% at the first bad frame).
+append(Fd, Frames) ->
+    {ok, Before} = file:position(Fd, cur),
+    case file:write(Fd, Frames) of
+        ok -> ok;
+        Err ->
+            _ = file:position(Fd, Before),
+            _ = file:truncate(Fd),
+            Err
+    end.
 
 frame(Term) ->
     Bin = term_to_binary(Term),
