@@ -456,3 +456,33 @@ async fn demo_runs_to_completion_and_cleans_up() {
     );
     assert!(!queues.contains(&prefix), "demo queues deleted");
 }
+
+/// An id-less producer's notification keeps a stable id through export and
+/// re-import; an invalid dead letter is skipped on re-import, not fatal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones() {
+    let (url, p) = (broker_url(), prefix("idless"));
+    let body = br#"{"url":"http://127.0.0.1:9/x"}"#.to_vec();
+    let derived = redeliver::message::derived_id(&body);
+    let items = vec![
+        (body, FieldTable::default()),
+        (b"not json".to_vec(), FieldTable::default()),
+    ];
+    publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
+    let listed = stdout(&cli(&url, &p, &["dlq", "list", "--json"]));
+    assert!(listed.contains(&derived), "{listed}");
+    let file = std::env::temp_dir().join(format!("{p}.jsonl"));
+    let path = file.to_str().unwrap();
+    assert!(cli(&url, &p, &["dlq", "export", "--out", path])
+        .status
+        .success());
+    let out = cli(&url, &p, &["publish", "--file", path]);
+    assert_eq!(
+        stdout(&out).trim(),
+        derived,
+        "the same id, so receivers still deduplicate"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipped"));
+    let _ = std::fs::remove_file(&file);
+    cleanup(&url, &p).await;
+}

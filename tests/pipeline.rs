@@ -390,3 +390,40 @@ async fn missing_plugin_is_one_clear_sentence() {
         "one sentence, no stack of AMQP errors: {stderr}"
     );
 }
+
+/// With the dead-letter queue deleted under a running worker, the worker
+/// does not hammer the receiver: it backs off, reconnects, re-declares the
+/// topology and then dead-letters the notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_dead_letter_queue_is_redeclared_not_hammered() {
+    let (url, p) = (broker_url(), prefix("nodead"));
+    // The receiver answers 410 (dead-letter at once) after 1 s, time enough
+    // to delete the dead-letter queue while the first attempt is under way.
+    let rx = Receiver::start(|_| Reply::status(410).delay(Duration::from_secs(1))).await;
+    let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
+    publish(&url, &p, &[json!({"url": rx.url("/"), "id": "x"})]).await;
+    assert!(wait_until(Duration::from_secs(5), || rx.count() == 1).await);
+    let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(format!("{p}.dead").as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let _ = conn.close(200, "".into()).await;
+    let mut dead = vec![];
+    for _ in 0..100 {
+        dead = drain_dead(&url, &p).await;
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w.stop().await;
+    println!("requests before the dead letter landed: {}", rx.count());
+    assert_eq!(dead.len(), 1);
+    assert!(
+        rx.count() <= 3,
+        "{} requests: the receiver was hammered",
+        rx.count()
+    );
+    cleanup(&url, &p).await;
+}

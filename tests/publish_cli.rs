@@ -117,3 +117,34 @@ async fn single_publish_with_flags_and_delay_is_delivered_late() {
     w.stop().await;
     cleanup(&url, &p).await;
 }
+
+/// `--queue-type` matters only when the work queue is first declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_type_is_needed_only_once() {
+    let (url, p) = (broker_url(), prefix("qtype"));
+    let first = redeliver(
+        &url,
+        &p,
+        &[
+            "--queue-type",
+            "classic",
+            "publish",
+            "--url",
+            "http://127.0.0.1:9/",
+        ],
+        None,
+    );
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let later = redeliver(&url, &p, &["publish", "--url", "http://127.0.0.1:9/"], None);
+    assert!(
+        later.status.success(),
+        "{}",
+        String::from_utf8_lossy(&later.stderr)
+    );
+    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 2);
+    cleanup(&url, &p).await;
+}

@@ -147,3 +147,42 @@ async fn secrets_are_redacted() {
     assert!(!text.contains("wr0ngpass"), "{text}");
     cleanup(&url, &p).await;
 }
+
+/// Credentials are refused on re-import when they were redacted on export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redacted_exports_are_not_re_imported() {
+    let (url, p) = (broker_url(), prefix("reimport"));
+    let n = json!({"id": "r1", "url": "http://127.0.0.1:9/", "headers": {"Authorization": "Bearer s3cr3t"}});
+    publish_to_queue(
+        &url,
+        &p,
+        &format!("{p}.dead"),
+        &[(n.to_string().into_bytes(), FieldTable::default())],
+    )
+    .await;
+    let file = std::env::temp_dir().join(format!("{p}.jsonl"));
+    let path = file.to_str().unwrap();
+    assert!(cli(&url, &p, &["dlq", "export", "--out", path])
+        .status
+        .success());
+    let o = cli(&url, &p, &["publish", "--file", path]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("redacted secrets"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(cli(
+        &url,
+        &p,
+        &["dlq", "export", "--include-secrets", "--out", path]
+    )
+    .status
+    .success());
+    assert_eq!(
+        stdout(&cli(&url, &p, &["publish", "--file", path])).trim(),
+        "r1"
+    );
+    let _ = std::fs::remove_file(&file);
+    cleanup(&url, &p).await;
+}

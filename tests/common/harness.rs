@@ -133,19 +133,22 @@ impl DeadLetter {
     }
 }
 
-/// Takes every message off the dead-letter queue.
+/// Takes every message off the dead-letter queue (none when it is missing).
 pub async fn drain_dead(url: &str, prefix: &str) -> Vec<DeadLetter> {
     let conn = AmqpUrl::new(url).connect("test dead").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
+    let queue = format!("{prefix}.dead");
     let mut out = vec![];
-    while let Some(m) = ch
-        .basic_get(
-            format!("{prefix}.dead").as_str().into(),
-            BasicGetOptions { no_ack: true },
-        )
-        .await
-        .unwrap()
-    {
+    loop {
+        let got = ch
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await;
+        let m = match got {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) if e.is_amqp_soft_error() => break,
+            Err(e) => panic!("basic.get on {queue}: {e}"),
+        };
         let headers = m.delivery.properties.headers().clone().unwrap_or_default();
         out.push(DeadLetter {
             headers,
