@@ -69,6 +69,7 @@ pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
         max_message_bytes: args.max_message_bytes,
         confirm_timeout: args.confirm_timeout,
         shutdown_grace: args.shutdown_grace,
+        retry_settle: args.retry_settle,
         events: None,
     })
 }

@@ -200,6 +200,12 @@ pub struct RunArgs {
     /// How long to wait for the broker to confirm a retry or dead-letter.
     #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = confirm_timeout)]
     pub confirm_timeout: Duration,
+    /// Keep a retried original unacked this long after its delayed copy was
+    /// confirmed. The upstream delayed-message plugin confirms before its
+    /// disk write (a broker kill -9 within ~1.5 s loses the copy); until the
+    /// ack, the broker would redeliver the original instead. 0s turns it off.
+    #[arg(long, env = "REDELIVER_RETRY_SETTLE", default_value = "2s", value_parser = duration)]
+    pub retry_settle: Duration,
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[arg(long, env = "REDELIVER_SHUTDOWN_GRACE", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,

@@ -83,6 +83,10 @@ impl BrokerSettings {
     }
 }
 
+/// The upstream plugin (3.10.2) was measured to lose a delayed message on
+/// a broker `kill -9` up to ~1.5 s after confirming it; 2 s covers that.
+pub const DEFAULT_RETRY_SETTLE: Duration = Duration::from_secs(2);
+
 /// How a worker delivers and decides.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -95,6 +99,9 @@ pub struct WorkerSettings {
     pub confirm_timeout: Duration,
     /// On shutdown, how long in-flight deliveries may take to finish.
     pub shutdown_grace: Duration,
+    /// How long a retried original stays unacked after its copy was
+    /// confirmed (see `--retry-settle`); zero acks at once.
+    pub retry_settle: Duration,
     /// When set, every attempt's outcome is also sent here (progress
     /// displays, metrics). Slow receivers lag; the worker never waits.
     pub events: Option<tokio::sync::broadcast::Sender<AttemptEvent>>,
@@ -121,6 +128,7 @@ impl Default for WorkerSettings {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             confirm_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
+            retry_settle: DEFAULT_RETRY_SETTLE,
             events: None,
         }
     }

@@ -36,9 +36,18 @@ pub struct Context<H> {
 /// so a broken broker path is not hammered with HTTP attempts.
 const REQUEUE_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Processes one delivery to the end: it is acked only after any republish
-/// was confirmed, and nacked (requeued) when that republish failed.
-pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
+/// What became of a delivery once its attempt is over.
+pub enum Settled {
+    /// Acked or nacked already.
+    Done,
+    /// Its retry copy was confirmed; ack it after `--retry-settle`
+    /// ([`hold_then_ack`]), without holding a concurrency slot.
+    Hold(Delivery),
+}
+
+/// Processes one delivery: it is acked only after any republish was
+/// confirmed, and nacked (requeued) when that republish failed.
+pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) -> Settled {
     if d.redelivered {
         // At-least-once at work: an earlier delivery was not settled.
         info!(
@@ -51,7 +60,10 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
         _ = ctx.hard_stop.cancelled() => None,
     };
     let result = match settled {
-        Some(Ok(())) => d.acker.ack(BasicAckOptions::default()).await,
+        Some(Ok(Outcome::Retried)) if !ctx.settings.retry_settle.is_zero() => {
+            return Settled::Hold(d)
+        }
+        Some(Ok(_)) => d.acker.ack(BasicAckOptions::default()).await,
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
             if matches!(
@@ -83,10 +95,35 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) {
     if let Err(e) = result {
         warn!(error = %e, "ack/nack failed; the broker will redeliver");
     }
+    Settled::Done
+}
+
+/// Keeps a retried original unacked for `--retry-settle` after its copy was
+/// confirmed: the upstream delayed-message plugin confirms before its disk
+/// write, and a broker crash in that window would lose the copy. Until the
+/// ack, the broker would redeliver the original instead.
+pub async fn hold_then_ack<H>(ctx: &Context<H>, d: Delivery) {
+    let result = tokio::select! {
+        _ = tokio::time::sleep(ctx.settings.retry_settle) => d.acker.ack(BasicAckOptions::default()).await,
+        // Shutting down before the settle is over: requeue (a duplicate at worst).
+        _ = ctx.hard_stop.cancelled() => d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+    };
+    if let Err(e) = result {
+        warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
+    }
+}
+
+/// How an attempt ended, when it ended well enough to ack.
+enum Outcome {
+    Acked,
+    Retried,
 }
 
 /// Decodes, then attempts or dead-letters. `Ok` means: ack it.
-async fn settle<H: DeliveryHandler>(ctx: &Context<H>, d: &Delivery) -> Result<(), PublishError> {
+async fn settle<H: DeliveryHandler>(
+    ctx: &Context<H>,
+    d: &Delivery,
+) -> Result<Outcome, PublishError> {
     let headers = d.properties.headers().as_ref();
     let decoded = RetryState::from_headers(headers).and_then(|st| {
         let fallback = st
@@ -98,7 +135,9 @@ async fn settle<H: DeliveryHandler>(ctx: &Context<H>, d: &Delivery) -> Result<()
     });
     match decoded {
         Ok((n, st)) => attempt(ctx, d, n, st).await,
-        Err(e) => dead_letter_invalid(ctx, d, &e).await,
+        Err(e) => dead_letter_invalid(ctx, d, &e)
+            .await
+            .map(|()| Outcome::Acked),
     }
 }
 
@@ -108,7 +147,7 @@ async fn attempt<H: DeliveryHandler>(
     d: &Delivery,
     n: Notification,
     mut st: RetryState,
-) -> Result<(), PublishError> {
+) -> Result<Outcome, PublishError> {
     st.id = Some(n.id.clone());
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, started) = (now_ms(), Instant::now());
@@ -146,13 +185,16 @@ async fn attempt<H: DeliveryHandler>(
     }
     let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
     match action {
-        Action::Ack => Ok(()),
+        Action::Ack => Ok(Outcome::Acked),
         Action::Retry { delay } => {
-            ctx.publisher
-                .retry(&d.data, d.properties.clone(), headers, delay)
-                .await
+            let copy = ctx
+                .publisher
+                .retry(&d.data, d.properties.clone(), headers, delay);
+            copy.await.map(|()| Outcome::Retried)
         }
-        Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason).await,
+        Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason)
+            .await
+            .map(|()| Outcome::Acked),
     }
 }
 

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::config::{BrokerSettings, WorkerSettings};
 use crate::deliver::DeliveryHandler;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
-use crate::process::{process, Context};
+use crate::process::{hold_then_ack, process, Context, Settled};
 use crate::publish::Publisher;
 use crate::topology::TopologyError;
 
@@ -132,6 +132,17 @@ fn reconnect_policy() -> RetryPolicy {
     }
 }
 
+/// Settle holds are unacked, so they need prefetch room of their own:
+/// max(256, 4 × concurrency) while `--retry-settle` is on.
+pub fn prefetch(settings: &WorkerSettings) -> usize {
+    let holds = if settings.retry_settle.is_zero() {
+        0
+    } else {
+        (4 * settings.concurrency).max(256)
+    };
+    settings.concurrency + holds
+}
+
 /// One connection's life: `Ok` on shutdown, `Err` when the connection failed.
 async fn session<H: DeliveryHandler>(
     broker: &BrokerSettings,
@@ -170,8 +181,10 @@ async fn consume<H: DeliveryHandler>(
     )
     .await?;
     let channel = conn.create_channel().await?;
-    let prefetch = u16::try_from(settings.concurrency).unwrap_or(u16::MAX);
-    // prefetch = concurrency: unacked deliveries never exceed what we can work on.
+    let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
+    // prefetch = concurrency (+ room for retried originals held unacked
+    // during --retry-settle): the broker never hands this process more
+    // than it can work on.
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
@@ -214,8 +227,13 @@ async fn consume<H: DeliveryHandler>(
             Some(Ok(d)) => {
                 let ctx = ctx.clone();
                 tracker.spawn(async move {
-                    process(ctx, d).await;
+                    let settled = process(ctx.clone(), d).await;
+                    // The slot is free as soon as the attempt is over; a
+                    // settle hold does not count against the concurrency.
                     drop(permit);
+                    if let Settled::Hold(d) = settled {
+                        hold_then_ack(&ctx, d).await;
+                    }
                 });
             }
             Some(Err(e)) => break Err(e.into()),

@@ -216,3 +216,57 @@ async fn publish_gives_up_clearly_without_a_broker() {
     );
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+/// The upstream plugin's confirm window, mimicked by the test plugin's
+/// late-write mode (confirm at once, disk write 3 s later). Without
+/// `--retry-settle`, a broker kill -9 right after a retry copy is confirmed
+/// loses the notification; with it, the broker redelivers the original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_settle_covers_the_plugins_confirm_window() {
+    const PORT: u16 = 5688;
+    const LATE: &[(&str, &str)] = &[("REDELIVER_TEST_BROKER_LATE_WRITE_MS", "3000")];
+    let url = tokio::task::spawn_blocking(|| common::ctl_env(PORT, &["up"], LATE))
+        .await
+        .unwrap();
+    let mut seen = vec![];
+    for settle in [Duration::ZERO, Duration::from_secs(5)] {
+        let p = prefix("settle");
+        let rx = Receiver::start(|r| {
+            if r.nth == 1 {
+                Reply::status(500)
+            } else {
+                Reply::status(200)
+            }
+        })
+        .await;
+        publish(&url, &p, &[] as &[String]).await;
+        // A quorum queue must be a few seconds old to survive a kill -9
+        // (RabbitMQ 3.10 persists its Ra registration lazily).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut settings = schedule_settings("1s", 3, 4);
+        settings.retry_settle = settle;
+        let w = spawn_worker(&url, &p, settings);
+        publish(&url, &p, &[json!({"url": rx.url("/"), "id": "settle"})]).await;
+        assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
+        // The retry copy is confirmed but not yet on the broker's disk.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::spawn_blocking(|| ctl(PORT, &["kill"]))
+            .await
+            .unwrap();
+        tokio::task::spawn_blocking(|| common::ctl_env(PORT, &["up"], LATE))
+            .await
+            .unwrap();
+        let delivered = wait_until(Duration::from_secs(25), || rx.count() >= 2).await;
+        w.stop().await;
+        println!("retry-settle {settle:?}: delivered after the crash: {delivered}");
+        seen.push(delivered);
+    }
+    tokio::task::spawn_blocking(|| ctl(PORT, &["down"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        [false, true],
+        "lost without the settle, saved with it"
+    );
+}

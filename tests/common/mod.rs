@@ -22,9 +22,15 @@ fn ctl_path() -> PathBuf {
 
 /// Runs `tests/broker/ctl ARGS` against the node on `port`; returns its last line.
 pub fn ctl(port: u16, args: &[&str]) -> String {
+    ctl_env(port, args, &[])
+}
+
+/// `ctl` with extra environment (e.g. the plugin's late-write mode).
+pub fn ctl_env(port: u16, args: &[&str], env: &[(&str, &str)]) -> String {
     let out = Command::new(ctl_path())
         .args(args)
         .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .envs(env.iter().copied())
         .output()
         .expect("tests/broker/ctl could not be run");
     let stdout = String::from_utf8_lossy(&out.stdout);
