@@ -42,7 +42,7 @@ pub enum Settled {
     Done,
     /// Its retry copy was confirmed; ack it after `--retry-settle`
     /// ([`hold_then_ack`]), without holding a concurrency slot.
-    Hold(Delivery),
+    Hold(Box<Delivery>),
 }
 
 /// Processes one delivery: it is acked only after any republish was

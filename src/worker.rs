@@ -232,7 +232,7 @@ async fn consume<H: DeliveryHandler>(
                     // settle hold does not count against the concurrency.
                     drop(permit);
                     if let Settled::Hold(d) = settled {
-                        hold_then_ack(&ctx, d).await;
+                        hold_then_ack(&ctx, *d).await;
                     }
                 });
             }
