@@ -61,7 +61,7 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) -> S
     };
     let result = match settled {
         Some(Ok(Outcome::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return Settled::Hold(d)
+            return Settled::Hold(Box::new(d))
         }
         Some(Ok(_)) => d.acker.ack(BasicAckOptions::default()).await,
         Some(Err(e)) => {
