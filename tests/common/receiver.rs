@@ -120,6 +120,14 @@ impl Receiver {
     }
 }
 
+struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn handle(
     State(s): State<Arc<Shared>>,
     method: Method,
@@ -150,8 +158,10 @@ async fn handle(
     s.requests.lock().unwrap().push(rec);
     let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    // Decremented on drop too: a client that gives up (timeout, killed
+    // worker) makes the server drop this future mid-sleep.
+    let _in_flight = InFlight(s.clone());
     tokio::time::sleep(reply.delay).await;
-    s.in_flight.fetch_sub(1, Ordering::SeqCst);
     let mut resp = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
     for (k, v) in reply.headers {
         resp.headers_mut().insert(

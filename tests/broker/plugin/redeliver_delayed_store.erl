@@ -13,7 +13,8 @@
 
 -include_lib("rabbit_common/include/rabbit.hrl").
 
--export([start_link/0, hold/3, drop_exchange/1, held_count/0, routing_now/0]).
+-export([start_link/0, hold/3, drop_exchange/1, held_count/0, routing_now/0,
+         is_ready/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2,
          code_change/3]).
 
@@ -29,7 +30,13 @@
 -define(COMPACT_MIN_DEAD, 20000).
 
 -record(st, {fd, path, seq = 0, timer, ready = false, pending = [],
-             flush_queued = false, tombstones = queue:new(), dead = 0}).
+             flush_queued = false, tombstones = queue:new(), dead = 0,
+             waiting_since}).
+
+%% A due message whose quorum queue has no leader yet waits (a stateless
+%% delivery to it would be dropped), but not forever.
+-define(WAIT_FOR_LEADER_MS, 60000).
+-define(RETRY_NOT_READY_MS, 250).
 
 start_link() -> gen_server:start_link({local, ?SERVER}, ?MODULE, [], []).
 
@@ -48,6 +55,10 @@ hold(XName, DelayMs, Msg) ->
 drop_exchange(XName) -> gen_server:call(?SERVER, {drop_exchange, XName}, 60000).
 
 held_count() -> ets:info(?INDEX, size).
+
+%% True once due messages are being routed (after the boot grace);
+%% `tests/broker/ctl up` waits for it.
+is_ready() -> gen_server:call(?SERVER, is_ready, 5000).
 
 %% True only inside this server while it routes a due message.
 routing_now() -> get(?ROUTING_NOW) =:= true.
@@ -72,6 +83,8 @@ handle_call({drop_exchange, XName}, _From, St) ->
     [ets:delete(?INDEX, K) || K <- Keys],
     _ = append(St#st.fd, [frame({done, K}) || K <- Keys]),
     {reply, ok, St#st{dead = St#st.dead + length(Keys)}};
+handle_call(is_ready, _From, St) ->
+    {reply, St#st.ready, St};
 handle_call(_Req, _From, St) ->
     {reply, {error, unknown_call}, St}.
 
@@ -127,6 +140,8 @@ arm(St = #st{timer = T}) ->
     _ = case T of undefined -> ok; _ -> erlang:cancel_timer(T) end,
     case ets:first(?INDEX) of
         '$end_of_table' -> St#st{timer = undefined};
+        {_, _} when St#st.waiting_since =/= undefined ->
+            St#st{timer = erlang:send_after(?RETRY_NOT_READY_MS, self(), tick)};
         {Due, _} ->
             Wait = min(max(Due - now_ms(), 0), ?MAX_TIMER_MS),
             St#st{timer = erlang:send_after(Wait, self(), tick)}
@@ -137,14 +152,21 @@ route_due(St) ->
     case ets:first(?INDEX) of
         {Due, _} = Key when Due =< Now ->
             [{Key, XName, Msg}] = ets:lookup(?INDEX, Key),
-            route_one(XName, Msg),
-            ets:delete(?INDEX, Key),
-            Tomb = queue:in({Now, Key, XName, Msg}, St#st.tombstones),
-            route_due(St#st{tombstones = Tomb});
+            Force = is_integer(St#st.waiting_since)
+                andalso Now - St#st.waiting_since > ?WAIT_FOR_LEADER_MS,
+            case route_one(XName, Msg, Force) of
+                not_ready ->
+                    Since = case St#st.waiting_since of undefined -> Now; S -> S end,
+                    St#st{waiting_since = Since};
+                routed ->
+                    ets:delete(?INDEX, Key),
+                    Tomb = queue:in({Now, Key, XName, Msg}, St#st.tombstones),
+                    route_due(St#st{tombstones = Tomb, waiting_since = undefined})
+            end;
         _ -> St
     end.
 
-route_one(XName, Msg0) ->
+route_one(XName, Msg0, Force) ->
     Msg = Msg0#basic_message{id = rabbit_guid:gen()},
     case rabbit_exchange:lookup(XName) of
         {ok, X} ->
@@ -152,14 +174,34 @@ route_one(XName, Msg0) ->
             put(?ROUTING_NOW, true),
             try
                 Qs = rabbit_amqqueue:lookup_many(rabbit_exchange:route(X, Delivery)),
-                rabbit_amqqueue:deliver(Qs, Delivery)
+                case Force orelse lists:all(fun ready/1, Qs) of
+                    true -> rabbit_amqqueue:deliver(Qs, Delivery), routed;
+                    false -> not_ready
+                end
             catch Class:Reason ->
                     rabbit_log:error("x-delayed-message stand-in: routing failed: ~p:~p",
-                                     [Class, Reason])
+                                     [Class, Reason]),
+                    routed
             after
                 erase(?ROUTING_NOW)
             end;
-        {error, not_found} -> ok
+        {error, not_found} -> routed
+    end.
+
+%% A quorum queue takes a stateless delivery only once it has a leader
+%% (right after a node restart it may not have one yet).
+ready(Q) ->
+    case amqqueue:get_type(Q) of
+        rabbit_quorum_queue ->
+            case amqqueue:get_pid(Q) of
+                {Name, _LeaderNode} ->
+                    case catch ra:members({Name, node()}, 500) of
+                        {ok, _Members, _Leader} -> true;
+                        _ -> false
+                    end;
+                _ -> false
+            end;
+        _ -> true
     end.
 
 write_tombstones(St = #st{tombstones = Q}) ->
