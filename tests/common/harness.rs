@@ -91,28 +91,9 @@ pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -
 /// Declares the topology and publishes raw bytes to the intake exchange,
 /// as any AMQP producer could.
 pub async fn publish_raw(url: &str, prefix: &str, payload: &[u8], headers: Option<FieldTable>) {
-    let b = broker(url, prefix);
-    let conn = b.url.connect("test raw").await.unwrap();
-    let t = Topology::new(prefix);
-    let ch = conn.create_channel().await.unwrap();
-    t.declare(&conn, b.queue_type, b.delay).await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
-    let mut props = BasicProperties::default().with_delivery_mode(2);
-    if let Some(h) = headers {
-        props = props.with_headers(h);
-    }
-    ch.basic_publish(
-        t.intake.as_str().into(),
-        "".into(),
-        BasicPublishOptions::default(),
-        payload,
-        props,
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
-    let _ = conn.close(200, "".into()).await;
+    let intake = format!("{prefix}.notifications");
+    let items = [(payload.to_vec(), headers.unwrap_or_default())];
+    publish_confirmed(url, prefix, &intake, "", &items).await;
 }
 
 #[derive(Debug)]
@@ -215,29 +196,36 @@ pub async fn publish_to_queue(
     queue: &str,
     items: &[(Vec<u8>, FieldTable)],
 ) {
+    publish_confirmed(url, prefix, "", queue, items).await;
+}
+
+/// Declares the prefix's topology, then publishes persistent messages with
+/// confirms.
+async fn publish_confirmed(
+    url: &str,
+    prefix: &str,
+    exchange: &str,
+    key: &str,
+    items: &[(Vec<u8>, FieldTable)],
+) {
     let b = broker(url, prefix);
-    let conn = b.url.connect("test to-queue").await.unwrap();
+    let conn = b.url.connect("test publish").await.unwrap();
+    b.declare_topology(&conn).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    Topology::new(prefix)
-        .declare(&conn, b.queue_type, b.delay)
-        .await
-        .unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
     for (payload, headers) in items {
         let props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_headers(headers.clone());
-        ch.basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            payload,
-            props,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        let opts = BasicPublishOptions::default();
+        let confirm = ch
+            .basic_publish(exchange.into(), key.into(), opts, payload, props)
+            .await
+            .unwrap();
+        assert!(
+            confirm.await.unwrap().is_ack(),
+            "the broker confirmed the message"
+        );
     }
     let _ = conn.close(200, "".into()).await;
 }
