@@ -43,6 +43,34 @@ pub async fn demo(g: &GlobalArgs) -> anyhow::Result<()> {
     crate::demo::demo(&b, &mut std::io::stdout().lock()).await
 }
 
+/// `redeliver bench`: against the local test node unless a URL is given.
+/// The table goes to `out`, progress to stderr.
+pub async fn bench(
+    g: &GlobalArgs,
+    args: &crate::cli::BenchArgs,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    let mut broker = broker_settings(g);
+    if g.amqp_url.is_none() {
+        broker.url = AmqpUrl::new(LOCAL_TEST_AMQP_URL);
+    }
+    let opts = crate::bench::BenchOptions {
+        broker,
+        phases: args.phase.clone(),
+        n: args.n,
+        concurrency: args.concurrency.into(),
+        quick: args.quick,
+        worker_exe: std::env::current_exe().context("finding this executable")?,
+    };
+    let report = crate::bench::run(&opts, &mut std::io::stderr()).await?;
+    report.write_table(out)?;
+    if let Some(path) = &args.json {
+        let json = serde_json::to_vec_pretty(&report)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `redeliver run`.
 pub async fn run(
     g: &GlobalArgs,
@@ -118,8 +146,13 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
         };
         if tries >= PUBLISH_TRIES || !transient(&err) {
             let left = notifications.len() - done;
+            let tries = if tries == 1 {
+                "1 try".to_string()
+            } else {
+                format!("{tries} tries")
+            };
             return Err(err.context(format!(
-                "publishing failed after {tries} tries; {left} notification(s) not confirmed"
+                "publishing failed after {tries}; {left} notification(s) not confirmed"
             )));
         }
         let delay = Duration::from_millis(250 << tries.min(6));
@@ -157,10 +190,11 @@ async fn publish_from(
     Ok(())
 }
 
-/// Connection trouble is worth another try; a refusal is not.
+/// Connection trouble is worth another try; a refusal or a bad broker
+/// certificate is not.
 fn transient(e: &anyhow::Error) -> bool {
     let text = error_line(e);
-    if text.contains("ACCESS_REFUSED") || text.contains("NOT_ALLOWED") {
+    if crate::config::is_permanent_connect_error(&text) {
         return false;
     }
     e.chain().any(|c| {
@@ -280,6 +314,17 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 /// One line for an error and its causes, leaving out a cause whose text
 /// the line already holds (lapin repeats its inner error in its own text).
+/// A next step for errors whose cause is common and not obvious.
+pub fn hint(line: &str) -> Option<&'static str> {
+    if line.contains("invalid peer certificate") {
+        return Some(
+            "the broker's TLS certificate is not trusted by the system's roots; \
+             point SSL_CERT_FILE (or SSL_CERT_DIR) at its CA, or fix the host name in the URL",
+        );
+    }
+    None
+}
+
 pub fn error_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {

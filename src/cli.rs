@@ -66,6 +66,9 @@ pub enum Command {
     Status(StatusArgs),
     /// A one-minute tour: a failing receiver, retries, dead letters (own prefix, cleaned up).
     Demo,
+    /// Measure throughput, latency, delay accuracy, memory and scaling against
+    /// the broker and an embedded HTTP sink (own prefixes, cleaned up).
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -153,6 +156,31 @@ pub struct DlqExportArgs {
     /// and URL passwords; by default they are redacted, like everywhere else.
     #[arg(long)]
     pub include_secrets: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+#[command(
+    after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal \
+(all by default). Workers run as `redeliver run` processes of this executable. \
+Against the local test node unless --amqp-url is given; see BENCHMARKS.md."
+)]
+pub struct BenchArgs {
+    /// Run only these phases (repeat or comma-separate).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub phase: Vec<crate::bench::Phase>,
+    /// Notifications for the broker, sink, end-to-end and retry phases
+    /// [default: 20000; 1000 with --quick].
+    #[arg(short = 'n', long)]
+    pub n: Option<usize>,
+    /// Worker concurrency (and prefetch) for phases 1-6.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+    /// Small sizes that only show every phase runs (about 30 s; for CI).
+    #[arg(long)]
+    pub quick: bool,
+    /// Also write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]

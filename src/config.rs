@@ -65,6 +65,16 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Connection failures that waiting will not fix: refused credentials or
+/// vhost, and a broker certificate that does not verify (an unknown CA, a
+/// wrong name or an expired certificate). Matched on the error's text:
+/// lapin reports both as strings inside its error.
+pub fn is_permanent_connect_error(text: &str) -> bool {
+    ["ACCESS_REFUSED", "NOT_ALLOWED", "invalid peer certificate"]
+        .iter()
+        .any(|needle| text.contains(needle))
+}
+
 /// Broker-side settings common to every command.
 #[derive(Clone, Debug)]
 pub struct BrokerSettings {

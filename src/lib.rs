@@ -7,6 +7,7 @@
 //! [`policy`] (how long to wait) → [`delay`] (how the wait is done).
 
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod dead_letter;

@@ -21,12 +21,17 @@ async fn main() {
         Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
         Command::Status(a) => ops::status(g, a, out).await.map(drop),
         Command::Demo => app::demo(g).await,
+        Command::Bench(a) => app::bench(g, a, out).await,
     };
     if let Err(e) = result {
         if app::is_broken_pipe(&e) {
             return;
         }
-        eprintln!("error: {}", app::error_line(&e));
+        let line = app::error_line(&e);
+        eprintln!("error: {line}");
+        if let Some(hint) = app::hint(&line) {
+            eprintln!("hint: {hint}");
+        }
         std::process::exit(1);
     }
 }

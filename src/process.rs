@@ -46,8 +46,13 @@ pub enum Settled {
 }
 
 /// Processes one delivery: it is acked only after any republish was
-/// confirmed, and nacked (requeued) when that republish failed.
-pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) -> Settled {
+/// confirmed, and nacked (requeued) when that republish failed. `pulled` is
+/// when the worker took it off the consumer, for the overhead trace.
+pub async fn process<H: DeliveryHandler>(
+    ctx: Arc<Context<H>>,
+    d: Delivery,
+    pulled: Instant,
+) -> Settled {
     if d.redelivered {
         // At-least-once at work: an earlier delivery was not settled.
         info!(
@@ -63,7 +68,14 @@ pub async fn process<H: DeliveryHandler>(ctx: Arc<Context<H>>, d: Delivery) -> S
         Some(Ok(Outcome::Retried)) if !ctx.settings.retry_settle.is_zero() => {
             return Settled::Hold(Box::new(d))
         }
-        Some(Ok(_)) => d.acker.ack(BasicAckOptions::default()).await,
+        Some(Ok(Outcome::Acked(span))) => {
+            let acked = d.acker.ack(BasicAckOptions::default()).await;
+            if let Some(span) = span {
+                trace_overhead(pulled, span);
+            }
+            acked
+        }
+        Some(Ok(Outcome::Retried)) => d.acker.ack(BasicAckOptions::default()).await,
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
             if matches!(
@@ -115,8 +127,29 @@ pub async fn hold_then_ack<H>(ctx: &Context<H>, d: Delivery) {
 
 /// How an attempt ended, when it ended well enough to ack.
 enum Outcome {
-    Acked,
+    /// With the HTTP attempt's span when there was one.
+    Acked(Option<HttpSpan>),
     Retried,
+}
+
+/// When the delivery handler was called and when it returned.
+#[derive(Clone, Copy)]
+struct HttpSpan {
+    start: Instant,
+    end: Instant,
+}
+
+/// The worker's own time around a successful attempt, at debug level on
+/// target `redeliver::timing`: from taking the delivery to calling the
+/// handler, and from its answer to the ack being sent. `redeliver bench`
+/// reads it; it is off unless asked for (`RUST_LOG=redeliver::timing=debug`).
+fn trace_overhead(pulled: Instant, span: HttpSpan) {
+    tracing::debug!(
+        target: "redeliver::timing",
+        pre_us = span.start.saturating_duration_since(pulled).as_micros() as u64,
+        post_us = span.end.elapsed().as_micros() as u64,
+        "worker overhead"
+    );
 }
 
 /// Decodes, then attempts or dead-letters. `Ok` means: ack it.
@@ -137,7 +170,7 @@ async fn settle<H: DeliveryHandler>(
         Ok((n, st)) => attempt(ctx, d, n, st).await,
         Err(e) => dead_letter_invalid(ctx, d, &e)
             .await
-            .map(|()| Outcome::Acked),
+            .map(|()| Outcome::Acked(None)),
     }
 }
 
@@ -152,7 +185,11 @@ async fn attempt<H: DeliveryHandler>(
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, started) = (now_ms(), Instant::now());
     let result = ctx.handler.deliver(&n, attempt).await;
-    let duration_ms = started.elapsed().as_millis() as u64;
+    let span = HttpSpan {
+        start: started,
+        end: Instant::now(),
+    };
+    let duration_ms = span.end.duration_since(started).as_millis() as u64;
     let c = classify(&result, &ctx.settings.rules, n.success_body.as_deref());
     let action = decide(
         &c,
@@ -185,7 +222,7 @@ async fn attempt<H: DeliveryHandler>(
     }
     let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
     match action {
-        Action::Ack => Ok(Outcome::Acked),
+        Action::Ack => Ok(Outcome::Acked(Some(span))),
         Action::Retry { delay } => {
             let copy = ctx
                 .publisher
@@ -194,7 +231,7 @@ async fn attempt<H: DeliveryHandler>(
         }
         Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason)
             .await
-            .map(|()| Outcome::Acked),
+            .map(|()| Outcome::Acked(None)),
     }
 }
 

@@ -16,6 +16,16 @@ pub enum QueueType {
     Classic,
 }
 
+impl QueueType {
+    /// As `--queue-type` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Quorum => "quorum",
+            QueueType::Classic => "classic",
+        }
+    }
+}
+
 /// The names derived from `--prefix`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
@@ -106,6 +116,22 @@ impl Topology {
         Ok(())
     }
 
+    /// Deletes the prefix's queues and exchanges, messages included (for
+    /// throwaway prefixes such as the benchmark's).
+    pub async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
+        let ch = conn.create_channel().await?;
+        for q in [&self.work, &self.dead] {
+            ch.queue_delete(q.as_str().into(), Default::default())
+                .await?;
+        }
+        for x in [&self.intake, &self.retry] {
+            ch.exchange_delete(x.as_str().into(), Default::default())
+                .await?;
+        }
+        let _ = ch.close(200, "deleted".into()).await;
+        Ok(())
+    }
+
     async fn bind(&self, ch: &Channel, exchange: &str, key: &str) -> Result<(), TopologyError> {
         ch.queue_bind(
             self.work.as_str().into(),
@@ -154,7 +180,7 @@ async fn exists(conn: &Connection, queue: &str) -> Result<bool, TopologyError> {
     }
 }
 
-fn work_args(queue_type: QueueType) -> FieldTable {
+pub(crate) fn work_args(queue_type: QueueType) -> FieldTable {
     let mut a = FieldTable::default();
     let t = match queue_type {
         QueueType::Quorum => "quorum",

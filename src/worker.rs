@@ -46,10 +46,8 @@ impl WorkerError {
     /// Errors an operator must fix; everything else is retried.
     fn is_fatal(&self) -> bool {
         match self {
-            // Wrong credentials or vhost: waiting will not fix them.
             WorkerError::Connect { source, .. } => {
-                let text = source.to_string();
-                text.contains("ACCESS_REFUSED") || text.contains("NOT_ALLOWED")
+                crate::config::is_permanent_connect_error(&source.to_string())
             }
             WorkerError::Concurrency
             | WorkerError::BadUrl { .. }
@@ -225,9 +223,9 @@ async fn consume<H: DeliveryHandler>(
         };
         match delivery {
             Some(Ok(d)) => {
-                let ctx = ctx.clone();
+                let (ctx, pulled) = (ctx.clone(), std::time::Instant::now());
                 tracker.spawn(async move {
-                    let settled = process(ctx.clone(), d).await;
+                    let settled = process(ctx.clone(), d, pulled).await;
                     // The slot is free as soon as the attempt is over; a
                     // settle hold does not count against the concurrency.
                     drop(permit);
@@ -269,7 +267,14 @@ async fn drain(
         .basic_cancel(tag.into(), BasicCancelOptions::default())
         .await;
     tracker.close();
-    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+    if grace.is_zero() && !tracker.is_empty() {
+        // The session broke: their acks could no longer reach the broker,
+        // which requeues them itself.
+        warn!(
+            in_flight = tracker.len(),
+            "session lost; in-flight deliveries return to the queue"
+        );
+    } else if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         warn!(
             in_flight = tracker.len(),
             "shutdown grace over; requeueing unfinished deliveries"

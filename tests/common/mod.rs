@@ -84,6 +84,25 @@ pub async fn connect(url: &str) -> Connection {
         .expect("AMQP connection to the test broker")
 }
 
+/// Takes a private node down when the last of the `users` tests that share
+/// it ends, passed or failed (Drop runs while a panic unwinds).
+pub struct DownWhenLast {
+    pub port: u16,
+    pub users: usize,
+    pub finished: &'static std::sync::atomic::AtomicUsize,
+}
+
+impl Drop for DownWhenLast {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.finished.fetch_add(1, Ordering::SeqCst) + 1 == self.users {
+            let port = self.port;
+            let _ = std::panic::catch_unwind(|| ctl(port, &["down"]));
+        }
+    }
+}
+
+pub mod chaos;
 pub mod delayed;
 pub mod harness;
 pub mod receiver;

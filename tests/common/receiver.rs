@@ -20,6 +20,8 @@ pub struct Recorded {
     pub body: Bytes,
     /// 1-based count of requests seen so far with this webhook-id.
     pub nth: usize,
+    /// The status the behaviour chose (sent unless the client went away).
+    pub reply: u16,
 }
 
 impl Recorded {
@@ -79,6 +81,14 @@ struct Shared {
 pub struct Receiver {
     pub base: String,
     shared: Arc<Shared>,
+    server: Arc<Mutex<Option<Server>>>,
+}
+
+/// The running listener, so a test can take the receiver down and bring it
+/// back on the same port.
+struct Server {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Receiver {
@@ -90,20 +100,36 @@ impl Receiver {
             max_in_flight: AtomicUsize::new(0),
             behavior: Box::new(behavior),
         });
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind receiver");
         let addr = listener.local_addr().expect("receiver address");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let server = serve(listener, shared.clone());
         Receiver {
             base: format!("http://{addr}"),
             shared,
+            server: Arc::new(Mutex::new(Some(server))),
         }
+    }
+
+    /// Stops listening: new connections are refused, and open ones close
+    /// once their current request is answered.
+    pub async fn down(&self) {
+        let server = self.server.lock().unwrap().take();
+        if let Some(s) = server {
+            s.stop.cancel();
+            let _ = s.task.await;
+        }
+    }
+
+    /// Listens again on the same address.
+    pub async fn up(&self) {
+        let addr = self.base.trim_start_matches("http://");
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("rebind receiver");
+        let server = serve(listener, self.shared.clone());
+        *self.server.lock().unwrap() = Some(server);
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -115,9 +141,24 @@ impl Receiver {
     pub fn count(&self) -> usize {
         self.shared.requests.lock().unwrap().len()
     }
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
     pub fn max_in_flight(&self) -> usize {
         self.shared.max_in_flight.load(Ordering::SeqCst)
     }
+}
+
+fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Server {
+    let app = axum::Router::new().fallback(handle).with_state(shared);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signal = stop.clone().cancelled_owned();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await;
+    });
+    Server { stop, task }
 }
 
 struct InFlight(Arc<Shared>);
@@ -153,8 +194,11 @@ async fn handle(
         headers,
         body,
         nth,
+        reply: 0,
     };
     let reply = (s.behavior)(&rec);
+    let mut rec = rec;
+    rec.reply = reply.status;
     s.requests.lock().unwrap().push(rec);
     let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     s.max_in_flight.fetch_max(now, Ordering::SeqCst);

@@ -8,20 +8,23 @@
 %% A due message is routed without confirmation (like the upstream plugin),
 %% so its tombstone is written only TOMBSTONE_GRACE_MS later: a node crash
 %% inside that window re-routes it after restart (a duplicate, never a loss).
+%% A clean stop tombstones what was routed STOP_GRACE_MS or more before it:
+%% the queues, which stop after this plugin, have taken those by then.
 -module(redeliver_delayed_store).
 -behaviour(gen_server).
 
 -include_lib("rabbit_common/include/rabbit.hrl").
 
 -export([start_link/0, hold/3, drop_exchange/1, held_count/0, routing_now/0,
-         is_ready/0]).
+         is_ready/0, overdue_at_start/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2,
          code_change/3]).
 
 -define(SERVER, ?MODULE).
 -define(INDEX, redeliver_delayed_index).
 -define(ROUTING_NOW, redeliver_delayed_routing_now).
--define(TOMBSTONE_GRACE_MS, 5000).
+-define(TOMBSTONE_GRACE_MS, 2000).
+-define(STOP_GRACE_MS, 500).
 -define(TOMBSTONE_EVERY_MS, 1000).
 %% Queues (quorum leaders especially) need a moment after boot before a
 %% stateless delivery to them sticks.
@@ -31,7 +34,7 @@
 
 -record(st, {fd, path, seq = 0, timer, ready = false, pending = [],
              flush_queued = false, tombstones = queue:new(), dead = 0,
-             waiting_since}).
+             waiting_since, overdue_at_start = 0}).
 
 %% A due message whose quorum queue has no leader yet waits (a stateless
 %% delivery to it would be dropped), but not forever.
@@ -60,19 +63,29 @@ held_count() -> ets:info(?INDEX, size).
 %% `tests/broker/ctl up` waits for it.
 is_ready() -> gen_server:call(?SERVER, is_ready, 5000).
 
+%% How many recovered messages were already due when the node started: an
+%% upper bound on the duplicates a restart caused (those routed inside the
+%% tombstone grace before the stop are among them). Chaos tests read it.
+overdue_at_start() -> gen_server:call(?SERVER, overdue_at_start, 5000).
+
 %% True only inside this server while it routes a due message.
 routing_now() -> get(?ROUTING_NOW) =:= true.
 
 init([]) ->
+    %% So that a clean node stop runs terminate/2.
+    process_flag(trap_exit, true),
     ets:new(?INDEX, [ordered_set, named_table, protected]),
     Path = filename:join(rabbit_mnesia:dir(), "redeliver_delayed_messages.log"),
     Seq = recover(Path),
     {ok, Fd} = rewrite(Path, []),
     erlang:send_after(?BOOT_GRACE_MS, self(), ready),
     erlang:send_after(?TOMBSTONE_EVERY_MS, self(), tombstones),
-    rabbit_log:info("x-delayed-message stand-in: ~b held message(s) recovered",
-                    [ets:info(?INDEX, size)]),
-    {ok, #st{fd = Fd, path = Path, seq = Seq}}.
+    Now = now_ms(),
+    Overdue = length(ets:select(?INDEX, [{{{'$1', '_'}, '_', '_'},
+                                          [{'=<', '$1', Now}], [true]}])),
+    rabbit_log:info("x-delayed-message stand-in: ~b held message(s) recovered,"
+                    " ~b already due", [ets:info(?INDEX, size), Overdue]),
+    {ok, #st{fd = Fd, path = Path, seq = Seq, overdue_at_start = Overdue}}.
 
 handle_call({hold, XName, DelayMs, Msg}, From, St = #st{seq = Seq}) ->
     Key = {now_ms() + DelayMs, Seq + 1},
@@ -85,6 +98,8 @@ handle_call({drop_exchange, XName}, _From, St) ->
     {reply, ok, St#st{dead = St#st.dead + length(Keys)}};
 handle_call(is_ready, _From, St) ->
     {reply, St#st.ready, St};
+handle_call(overdue_at_start, _From, St) ->
+    {reply, St#st.overdue_at_start, St};
 handle_call(_Req, _From, St) ->
     {reply, {error, unknown_call}, St}.
 
@@ -109,7 +124,10 @@ handle_info(tombstones, St) ->
     {noreply, maybe_compact(write_tombstones(St))};
 handle_info(_Info, St) -> {noreply, St}.
 
-terminate(_Reason, #st{fd = Fd}) -> file:close(Fd).
+terminate(_Reason, St = #st{fd = Fd}) ->
+    _ = write_tombstones(St, ?STOP_GRACE_MS),
+    _ = file:datasync(Fd),
+    file:close(Fd).
 
 code_change(_Old, St, _Extra) -> {ok, St}.
 
@@ -204,8 +222,10 @@ ready(Q) ->
         _ -> true
     end.
 
-write_tombstones(St = #st{tombstones = Q}) ->
-    Cutoff = now_ms() - ?TOMBSTONE_GRACE_MS,
+write_tombstones(St) -> write_tombstones(St, ?TOMBSTONE_GRACE_MS).
+
+write_tombstones(St = #st{tombstones = Q}, Grace) ->
+    Cutoff = now_ms() - Grace,
     {Keys, Rest} = take_older(Cutoff, Q, []),
     _ = case Keys of
             [] -> ok;

@@ -1,0 +1,200 @@
+//! Putting load on the broker: preloading notifications through the
+//! library's own publisher, and the broker ceiling (phase 1), measured with
+//! a bare lapin producer and consumer and no HTTP at all.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation, Connection};
+
+use crate::config::BrokerSettings;
+use crate::publish::{prepare, Publisher};
+use crate::topology::{work_args, Topology};
+
+/// Publishes awaiting confirms at once, as `redeliver publish --file` does
+/// with a window of its own.
+const WINDOW: usize = 1024;
+
+/// A notification to preload: its JSON, and a delay (through the delay
+/// mechanism) or none (through the intake exchange).
+pub struct Item {
+    pub json: String,
+    pub delay: Option<Duration>,
+}
+
+/// Declares `prefix`'s topology and publishes `items` with confirms.
+/// Returns how long publishing took.
+pub async fn preload(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    prefix: &str,
+    items: impl IntoIterator<Item = Item>,
+) -> anyhow::Result<Duration> {
+    let b = BrokerSettings {
+        prefix: prefix.to_string(),
+        ..broker.clone()
+    };
+    let t = b.declare_topology(conn).await?;
+    let publisher = Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?;
+    let started = Instant::now();
+    stream::iter(items.into_iter().map(Ok::<_, anyhow::Error>))
+        .map_ok(|item| {
+            let p = publisher.clone();
+            async move {
+                let prepared = prepare(&item.json, 1 << 20)?;
+                p.publish_new(&prepared, item.delay).await?;
+                Ok(())
+            }
+        })
+        .try_buffer_unordered(WINDOW)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Deletes a prefix's topology; a failure is only worth a warning.
+pub async fn remove(conn: &Connection, prefix: &str) {
+    if let Err(e) = Topology::new(prefix).delete(conn).await {
+        tracing::warn!(error = %e, prefix, "could not delete the benchmark's queues");
+    }
+}
+
+/// What phase 1 measured.
+pub struct Ceiling {
+    pub publish_per_s: f64,
+    pub drain_per_s: f64,
+}
+
+/// Phase 1: `n` persistent messages of `size` bytes published with confirms
+/// to a fresh queue of the work queue's type, then consumed and acked one
+/// by one at `prefetch`.
+pub async fn broker_ceiling(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    queue: &str,
+    n: usize,
+    size: usize,
+    prefetch: u16,
+) -> anyhow::Result<Ceiling> {
+    let ch = conn.create_channel().await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue.into(), durable, work_args(broker.queue_type))
+        .await
+        .context("declaring the ceiling queue")?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let payload = vec![b'x'; size];
+    let started = Instant::now();
+    stream::iter(0..n)
+        .map(|_| {
+            let (ch, payload) = (ch.clone(), &payload);
+            async move {
+                // delivery_mode 2: persistent, like every notification.
+                let props = BasicProperties::default().with_delivery_mode(2);
+                let opts = BasicPublishOptions::default();
+                let confirm = ch
+                    .basic_publish("".into(), queue.into(), opts, payload, props)
+                    .await?;
+                match confirm.await? {
+                    Confirmation::Nack(_) => anyhow::bail!("the broker nacked a publish"),
+                    _ => Ok(()),
+                }
+            }
+        })
+        .buffer_unordered(WINDOW)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let publish_s = started.elapsed().as_secs_f64();
+    let drain_s = drain(conn, queue, n, prefetch).await?;
+    let _ = ch
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch.close(200, "done".into()).await;
+    Ok(Ceiling {
+        publish_per_s: n as f64 / publish_s,
+        drain_per_s: n as f64 / drain_s,
+    })
+}
+
+/// Consumes and acks `n` messages; returns the seconds from the first
+/// delivery to the last ack.
+async fn drain(conn: &Connection, queue: &str, n: usize, prefetch: u16) -> anyhow::Result<f64> {
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "bench-ceiling".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut first = None;
+    for _ in 0..n {
+        let d = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+            .await
+            .context("the ceiling queue stopped delivering")?
+            .context("the consumer ended")??;
+        first.get_or_insert_with(Instant::now);
+        d.acker.ack(BasicAckOptions::default()).await?;
+    }
+    let secs = first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(0.0);
+    let _ = ch.close(200, "done".into()).await;
+    Ok(secs.max(1e-9))
+}
+
+/// Publishes at `rate` per second for `run` through the intake exchange,
+/// each notification's JSON made at its publish instant; returns how many
+/// were published (all confirmed).
+pub async fn paced(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    prefix: &str,
+    rate: f64,
+    run: Duration,
+    json: impl Fn(usize) -> String,
+) -> anyhow::Result<usize> {
+    let b = BrokerSettings {
+        prefix: prefix.to_string(),
+        ..broker.clone()
+    };
+    let t = b.declare_topology(conn).await?;
+    let publisher = Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?;
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1.0));
+    let mut confirms = tokio::task::JoinSet::new();
+    let start = tokio::time::Instant::now();
+    let mut i = 0;
+    while start.elapsed() < run {
+        tokio::time::sleep_until(start + interval * i as u32).await;
+        let prepared = prepare(&json(i), 1 << 20)?;
+        let p = publisher.clone();
+        confirms.spawn(async move { p.publish_new(&prepared, None).await });
+        i += 1;
+    }
+    while let Some(r) = confirms.join_next().await {
+        r??;
+    }
+    Ok(i)
+}
+
+/// Ready messages in `queue` (a passive declare).
+pub async fn depth(conn: &Connection, queue: &str) -> anyhow::Result<usize> {
+    let ch = conn.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await?;
+    let _ = ch.close(200, "done".into()).await;
+    Ok(q.message_count() as usize)
+}

@@ -1,0 +1,171 @@
+//! The benchmark's own HTTP receiver on 127.0.0.1: it counts successes,
+//! can fail every first attempt or add latency, and can measure how late a
+//! notification arrived from timestamps the benchmark put in its body.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+/// How the sink answers and what it records, per phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mode {
+    /// Answer 500 to attempt 1 (the `redeliver-attempt` header), 200 after.
+    pub fail_first: bool,
+    /// Sleep this long before answering.
+    pub latency: Duration,
+    /// Record `now - t` (or `now - due`) from the body, in microseconds.
+    pub measure: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    fail_first: AtomicBool,
+    latency_us: AtomicU64,
+    measure: AtomicBool,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    /// Microseconds since the epoch of the first and last 200.
+    first_us: AtomicU64,
+    last_us: AtomicU64,
+    samples: Mutex<Vec<i64>>,
+}
+
+/// A running sink; dropped, it stops.
+pub struct Sink {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+/// What a phase saw at the sink.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    pub ok: u64,
+    pub failed: u64,
+    /// Seconds between the first and the last success.
+    pub span_s: f64,
+    pub samples_us: Vec<i64>,
+}
+
+impl Sink {
+    pub async fn start() -> std::io::Result<Sink> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let app = axum::Router::new()
+            .fallback(answer)
+            .with_state(shared.clone());
+        let stop = CancellationToken::new();
+        let signal = stop.clone().cancelled_owned();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(signal)
+                .await;
+        });
+        Ok(Sink { addr, shared, stop })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Clears the counters and sets how to answer.
+    pub fn reset(&self, mode: Mode) {
+        let s = &self.shared;
+        s.fail_first.store(mode.fail_first, Ordering::SeqCst);
+        s.latency_us
+            .store(mode.latency.as_micros() as u64, Ordering::SeqCst);
+        s.measure.store(mode.measure, Ordering::SeqCst);
+        for c in [&s.ok, &s.failed, &s.first_us, &s.last_us] {
+            c.store(0, Ordering::SeqCst);
+        }
+        s.samples.lock().map(|mut v| v.clear()).ok();
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.shared.ok.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` successes arrived, or `within` passed.
+    pub async fn wait_for(&self, n: u64, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.ok() < n {
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    pub fn seen(&self) -> Seen {
+        let s = &self.shared;
+        let (first, last) = (
+            s.first_us.load(Ordering::SeqCst),
+            s.last_us.load(Ordering::SeqCst),
+        );
+        Seen {
+            ok: s.ok.load(Ordering::SeqCst),
+            failed: s.failed.load(Ordering::SeqCst),
+            span_s: last.saturating_sub(first) as f64 / 1e6,
+            samples_us: s.samples.lock().map(|v| v.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Microseconds since the Unix epoch (the clock the probes carry).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The timestamps a measuring phase puts in a notification's body.
+#[derive(serde::Deserialize)]
+struct Probe {
+    /// When it was published.
+    t: Option<i64>,
+    /// When it was due (delayed publishes).
+    due: Option<i64>,
+}
+
+async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let latency = s.latency_us.load(Ordering::Relaxed);
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_micros(latency)).await;
+    }
+    let first_attempt = headers
+        .get("redeliver-attempt")
+        .is_some_and(|v| v.as_bytes() == b"1");
+    if s.fail_first.load(Ordering::Relaxed) && first_attempt {
+        s.failed.fetch_add(1, Ordering::Relaxed);
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let now = now_us();
+    if s.measure.load(Ordering::Relaxed) {
+        if let Ok(p) = serde_json::from_slice::<Probe>(&body) {
+            if let Some(base) = p.due.or(p.t) {
+                s.samples.lock().map(|mut v| v.push(now as i64 - base)).ok();
+            }
+        }
+    }
+    let _ = s
+        .first_us
+        .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+    s.last_us.fetch_max(now, Ordering::SeqCst);
+    s.ok.fetch_add(1, Ordering::SeqCst);
+    StatusCode::OK
+}

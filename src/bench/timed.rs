@@ -1,0 +1,331 @@
+//! Phases 5–8 of `redeliver bench`: latency, delay accuracy, memory and
+//! CPU, horizontal scaling.
+
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+
+use super::load;
+use super::phases::Bench;
+use super::report::percentiles;
+use super::sink::{now_us, Mode};
+use super::Phase;
+
+/// A target's text and its test.
+type Target = (&'static str, fn(f64) -> bool);
+
+/// Offered rate for phase 5 when phase 3 did not run to halve.
+const DEFAULT_LATENCY_RATE: f64 = 500.0;
+
+fn ms(samples_us: &[i64]) -> Vec<f64> {
+    samples_us.iter().map(|&us| us as f64 / 1000.0).collect()
+}
+
+impl Bench {
+    /// p50, p99 and max of `v` as three figures (none when `v` is empty).
+    fn push_spread(&mut self, p: Phase, what: &str, v: &mut [f64], unit: &'static str) {
+        self.push_spread_target(p, what, v, unit, None);
+    }
+
+    /// The same, with a target on the p99.
+    fn push_spread_target(
+        &mut self,
+        p: Phase,
+        what: &str,
+        v: &mut [f64],
+        unit: &'static str,
+        target: Option<Target>,
+    ) {
+        let some = !v.is_empty();
+        let (p50, p99, max) = percentiles(v);
+        self.push(p, format!("{what} p50"), some.then_some(p50), unit);
+        match target {
+            Some((t, met)) => {
+                self.push_target(p, format!("{what} p99"), some.then_some(p99), unit, t, met)
+            }
+            None => self.push(p, format!("{what} p99"), some.then_some(p99), unit),
+        }
+        self.push(p, format!("{what} max"), some.then_some(max), unit);
+    }
+
+    pub(super) async fn latency(&mut self) -> anyhow::Result<()> {
+        let c = self.sizes.concurrency;
+        let rate = self.e2e_per_s.map_or(DEFAULT_LATENCY_RATE, |r| r / 2.0);
+        let prefix = self.prefix("latency");
+        self.sink.reset(Mode::default());
+        // Warm up: the worker is consuming once this one arrived.
+        let warm = self.items(1, "/ok", |_| None, |_, _| "{}".into());
+        load::preload(&self.conn, &self.opts.broker, &prefix, warm).await?;
+        let args = ["--concurrency".to_string(), c.to_string()];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let worker = self.spawner.spawn(&prefix, &args, true)?;
+        let warmed = self.sink.wait_for(1, Duration::from_secs(30)).await;
+        self.sink.reset(Mode {
+            measure: true,
+            ..Mode::default()
+        });
+        let url = self.sink.url("/ok");
+        let json = |i: usize| {
+            format!(
+                r#"{{"url":"{url}","id":"l-{i}","body":{{"t":{}}}}}"#,
+                now_us()
+            )
+        };
+        let published = if warmed {
+            load::paced(
+                &self.conn,
+                &self.opts.broker,
+                &prefix,
+                rate,
+                self.sizes.latency_run,
+                json,
+            )
+            .await
+        } else {
+            Err(anyhow::anyhow!(
+                "the worker did not start delivering within 30 s"
+            ))
+        };
+        let arrived = match &published {
+            Ok(n) => self.sink.wait_for(*n as u64, Duration::from_secs(60)).await,
+            Err(_) => false,
+        };
+        let timings = worker.stop().await;
+        load::remove(&self.conn, &prefix).await;
+        let published = published?;
+        anyhow::ensure!(arrived, "only {} of {published} arrived", self.sink.ok());
+        let timings = timings?;
+        let p = Phase::Latency;
+        self.push(
+            p,
+            "offered rate",
+            Some(published as f64 / self.sizes.latency_run.as_secs_f64()),
+            "msg/s",
+        );
+        self.push_spread(
+            p,
+            "publish → delivery",
+            &mut ms(&self.sink.seen().samples_us),
+            "ms",
+        );
+        let us = |f: fn(&(u64, u64)) -> u64| {
+            timings
+                .iter()
+                .map(|t| f(t) as f64 / 1000.0)
+                .collect::<Vec<_>>()
+        };
+        self.push_spread(p, "worker: receipt → HTTP start", &mut us(|t| t.0), "ms");
+        self.push_spread(p, "worker: response → ack sent", &mut us(|t| t.1), "ms");
+        let mut total = us(|t| t.0 + t.1);
+        self.push_spread_target(
+            p,
+            "worker added (both)",
+            &mut total,
+            "ms",
+            Some(("≤ 2", |v| v <= 2.0)),
+        );
+        Ok(())
+    }
+
+    pub(super) async fn delay_accuracy(&mut self) -> anyhow::Result<()> {
+        let (n, c) = (self.sizes.delay_n, self.sizes.concurrency);
+        let (lo, hi) = (self.sizes.delay_min, self.sizes.delay_max);
+        let prefix = self.prefix("delay");
+        self.sink.reset(Mode {
+            measure: true,
+            ..Mode::default()
+        });
+        let mut delays: Vec<Duration> = (0..n)
+            .map(|i| lo + (hi - lo).mul_f64(i as f64 / n.max(2).saturating_sub(1) as f64))
+            .collect();
+        delays.shuffle(&mut rand::rng());
+        let args = ["--concurrency".to_string(), c.to_string()];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let worker = self.spawner.spawn(&prefix, &args, false)?;
+        let items = self.items(
+            n,
+            "/ok",
+            move |i| Some(delays[i]),
+            |_, d| {
+                format!(
+                    r#"{{"due":{}}}"#,
+                    now_us() + d.unwrap_or_default().as_micros() as u64
+                )
+            },
+        );
+        let published = load::preload(&self.conn, &self.opts.broker, &prefix, items).await;
+        let arrived = match &published {
+            Ok(_) => {
+                self.sink
+                    .wait_for(n as u64, hi + Duration::from_secs(90))
+                    .await
+            }
+            Err(_) => false,
+        };
+        let stopped = worker.stop().await;
+        load::remove(&self.conn, &prefix).await;
+        let took = published?;
+        anyhow::ensure!(
+            arrived,
+            "only {} of {n} delayed notifications arrived",
+            self.sink.ok()
+        );
+        stopped?;
+        let seen = self.sink.seen();
+        let early = seen.samples_us.iter().filter(|&&l| l < 0).count();
+        let p = Phase::Delay;
+        self.push(
+            p,
+            format!("{n} delays of {lo:?}–{hi:?}, published in"),
+            Some(took.as_secs_f64()),
+            "s",
+        );
+        let mut late = ms(&seen.samples_us);
+        self.push_spread_target(
+            p,
+            "lateness",
+            &mut late,
+            "ms",
+            Some(("≤ 100", |v| v <= 100.0)),
+        );
+        self.push_target(
+            p,
+            "delivered early",
+            Some(early as f64),
+            "count",
+            "= 0",
+            |v| v == 0.0,
+        );
+        Ok(())
+    }
+
+    pub(super) async fn memory(&mut self) -> anyhow::Result<()> {
+        let p = Phase::Memory;
+        let mut peaks = vec![];
+        for backlog in self.sizes.backlogs {
+            let prefix = self.prefix("memory");
+            let measured = self.memory_runs(&prefix, backlog).await;
+            load::remove(&self.conn, &prefix).await;
+            for (c, rss) in measured? {
+                self.push(
+                    p,
+                    format!("peak RSS, concurrency {c}, backlog {backlog}"),
+                    rss,
+                    "MiB",
+                );
+                peaks.push((c, backlog, rss));
+            }
+        }
+        let [small, large] = self.sizes.backlogs;
+        for c in self.sizes.memory_concurrency {
+            let at = |b| {
+                peaks
+                    .iter()
+                    .find(|x| x.0 == c && x.1 == b)
+                    .and_then(|x| x.2)
+            };
+            let growth = at(large).zip(at(small)).map(|(l, s)| l / s);
+            self.push_target(
+                p,
+                format!("RSS growth with backlog, concurrency {c}"),
+                growth,
+                "x",
+                "≤ 1.25",
+                |g| g <= 1.25,
+            );
+        }
+        let worst = peaks
+            .iter()
+            .filter(|x| x.0 == 256)
+            .filter_map(|x| x.2)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        self.push_target(
+            p,
+            "peak RSS at concurrency 256",
+            worst,
+            "MiB",
+            "≤ 64",
+            |v| v <= 64.0,
+        );
+        self.push(
+            p,
+            "worker CPU per 10,000 deliveries (phase 3)",
+            self.e2e_cpu_per_10k,
+            "s",
+        );
+        Ok(())
+    }
+
+    /// For each concurrency: fills the queue to `backlog`, runs one worker
+    /// for the memory window (or until it drained everything), reads its peak RSS.
+    async fn memory_runs(
+        &mut self,
+        prefix: &str,
+        backlog: usize,
+    ) -> anyhow::Result<Vec<(usize, Option<f64>)>> {
+        let mut out = vec![];
+        let work = format!("{prefix}.work");
+        for c in self.sizes.memory_concurrency {
+            let have: usize = load::depth(&self.conn, &work).await.unwrap_or_default();
+            let top_up = backlog.saturating_sub(have);
+            let items = self.items(top_up, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+            load::preload(&self.conn, &self.opts.broker, prefix, items).await?;
+            self.sink.reset(Mode::default());
+            let args = ["--concurrency".to_string(), c.to_string()];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let worker = self.spawner.spawn(prefix, &args, false)?;
+            let _ = self
+                .sink
+                .wait_for(backlog as u64, self.sizes.memory_window)
+                .await;
+            let usage = worker.usage();
+            worker.stop().await?;
+            out.push((c, usage.map(|u| u.peak_rss_mib)));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn horizontal(&mut self) -> anyhow::Result<()> {
+        let (n, c) = (self.sizes.horizontal_n, self.sizes.horizontal_concurrency);
+        let latency = self.sizes.horizontal_latency;
+        let p = Phase::Horizontal;
+        let mut rates = vec![];
+        for workers in [1, 2, 4] {
+            let prefix = self.prefix("horizontal");
+            self.sink.reset(Mode {
+                latency,
+                ..Mode::default()
+            });
+            let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+            let loaded = load::preload(&self.conn, &self.opts.broker, &prefix, items).await;
+            let drained = match loaded {
+                Ok(_) => {
+                    self.drain_with(&prefix, workers, &Self::concurrency_args(c), n)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            load::remove(&self.conn, &prefix).await;
+            drained?;
+            let seen = self.sink.seen();
+            let rate = seen.ok.saturating_sub(1) as f64 / seen.span_s.max(1e-9);
+            self.push(
+                p,
+                format!("{workers} process(es) × concurrency {c}, {latency:?} receiver"),
+                Some(rate),
+                "msg/s",
+            );
+            rates.push(rate);
+        }
+        self.push_target(
+            p,
+            "speedup, 2 processes",
+            Some(rates[1] / rates[0]),
+            "x",
+            "≥ 1.8",
+            |s| s >= 1.8,
+        );
+        self.push(p, "speedup, 4 processes", Some(rates[2] / rates[0]), "x");
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+//! `redeliver bench --quick` runs every phase against the local node and
+//! reports a figure for each (the figures themselves are never judged here:
+//! see BENCHMARKS.md for a full run).
+
+mod common;
+
+use common::broker_url;
+
+#[test]
+fn quick_bench_runs_every_phase() {
+    let url = broker_url();
+    let json = std::env::temp_dir().join(format!("{}.json", common::prefix("bench")));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args(["--amqp-url", &url, "--prefix", &common::prefix("bench")])
+        .args(["bench", "--quick", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run redeliver bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the --json file")).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let figures = report["figures"].as_array().expect("figures");
+    for phase in [
+        "1 broker ceiling",
+        "2 sink ceiling",
+        "3 end to end",
+        "4 retry path",
+        "5 latency",
+        "6 delay accuracy",
+        "7 memory and CPU",
+        "8 horizontal",
+    ] {
+        let measured = figures
+            .iter()
+            .filter(|f| f["phase"] == phase)
+            .filter(|f| f["value"].as_f64().is_some())
+            .count();
+        assert!(measured > 0, "phase {phase} has figures:\n{table}");
+        assert!(table.contains(phase), "the table shows {phase}");
+    }
+    let early = figures
+        .iter()
+        .find(|f| f["name"] == "delivered early")
+        .and_then(|f| f["value"].as_f64());
+    assert_eq!(early, Some(0.0), "no delayed notification arrived early");
+    let retry = figures
+        .iter()
+        .find(|f| f["name"] == "first attempts answered 500 (by design)")
+        .and_then(|f| f["value"].as_f64());
+    assert_eq!(
+        retry,
+        Some(500.0),
+        "every retry-phase notification failed once"
+    );
+}

@@ -1,0 +1,303 @@
+//! Chaos-test machinery: a fleet of real `redeliver run` processes that can
+//! be killed with SIGKILL and restarted, a flaky receiver, a pipelined
+//! preload, and the final accounting (delivered, dead, lost, duplicates).
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::BasicProperties;
+use serde_json::json;
+
+use super::harness::{broker, drain_dead};
+use super::receiver::{Receiver, Recorded, Reply};
+use super::{ctl, ctl_output};
+
+/// A private node for the chaos scenarios (one at a time, see `tests/chaos.rs`).
+pub const PORT: u16 = 5689;
+/// How long the receiver sits on a "hanging" request: past the worker's timeout.
+pub const HANG: Duration = Duration::from_secs(3);
+
+/// 30% answer 500, 5% hang past the timeout (then 504), the rest 200;
+/// `/gone` answers 410, which dead-letters at once.
+pub fn flaky(r: &Recorded) -> Reply {
+    if r.path == "/gone" {
+        return Reply::status(410);
+    }
+    let x: f64 = rand::random();
+    if x < 0.30 {
+        Reply::status(500)
+    } else if x < 0.35 {
+        Reply::status(504).delay(HANG)
+    } else {
+        Reply::status(200)
+    }
+}
+
+/// `n` notifications with ids `c-0..`; every 100th targets `/gone`.
+pub fn load(rx: &Receiver, n: usize) -> Vec<(String, serde_json::Value)> {
+    (0..n)
+        .map(|i| {
+            let id = format!("c-{i}");
+            let path = if i % 100 == 99 { "/gone" } else { "/" };
+            let body = json!({"url": rx.url(path), "id": id, "body": {"i": i}});
+            (id, body)
+        })
+        .collect()
+}
+
+/// Publishes the whole load to the intake exchange as any AMQP producer
+/// would, pipelined, and waits for every confirm.
+pub async fn preload(url: &str, prefix: &str, load: &[(String, serde_json::Value)]) {
+    let b = broker(url, prefix);
+    let conn = b.url.connect("chaos preload").await.unwrap();
+    let t = b.declare_topology(&conn).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut confirms = Vec::with_capacity(load.len());
+    for (_, body) in load {
+        let props = BasicProperties::default().with_delivery_mode(2);
+        let payload = body.to_string();
+        let c = ch
+            .basic_publish(
+                t.intake.as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                payload.as_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        confirms.push(c);
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack(), "preload confirmed");
+    }
+    let _ = conn.close(200, "".into()).await;
+}
+
+/// Real worker processes; their logs go to `target/chaos/PREFIX/`.
+pub struct Fleet {
+    url: String,
+    prefix: String,
+    args: Vec<String>,
+    procs: Vec<Child>,
+    logs: PathBuf,
+    spawned: usize,
+    pub kills: usize,
+}
+
+impl Fleet {
+    pub fn start(url: &str, prefix: &str, n: usize, args: &[&str]) -> Fleet {
+        let logs = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("target/chaos")
+            .join(prefix);
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut f = Fleet {
+            url: url.into(),
+            prefix: prefix.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            procs: vec![],
+            logs,
+            spawned: 0,
+            kills: 0,
+        };
+        for _ in 0..n {
+            let c = f.spawn();
+            f.procs.push(c);
+        }
+        f
+    }
+
+    fn spawn(&mut self) -> Child {
+        self.spawned += 1;
+        let log = File::create(self.logs.join(format!("worker-{}.log", self.spawned))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_redeliver"))
+            .args(["--amqp-url", &self.url, "--prefix", &self.prefix, "run"])
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn redeliver run")
+    }
+
+    /// SIGKILL worker `i` (no chance to ack, nack or close), then start a
+    /// fresh one in its place.
+    pub fn kill9_and_restart(&mut self, i: usize) {
+        let c = &mut self.procs[i];
+        c.kill().expect("kill -9 a worker");
+        let _ = c.wait();
+        self.kills += 1;
+        self.procs[i] = self.spawn();
+    }
+
+    /// True while every worker process is still running.
+    pub fn all_running(&mut self) -> bool {
+        self.procs
+            .iter_mut()
+            .all(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGTERM to all, then waits (graceful shutdown), returning the statuses.
+    pub fn stop(&mut self) -> Vec<ExitStatus> {
+        for c in &self.procs {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = vec![];
+        for c in &mut self.procs {
+            loop {
+                if let Ok(Some(st)) = c.try_wait() {
+                    out.push(st);
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    panic!("a worker did not exit within 30 s of SIGTERM");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.procs.clear();
+        out
+    }
+
+    /// Lines across all worker logs that contain `needle`.
+    pub fn log_lines(&self, needle: &str) -> usize {
+        let mut n = 0;
+        for e in std::fs::read_dir(&self.logs).unwrap().flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            n += text.lines().filter(|l| l.contains(needle)).count();
+        }
+        n
+    }
+
+    pub fn logs(&self) -> &PathBuf {
+        &self.logs
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `rabbitmqctl eval EXPR` on the chaos node, parsed as an integer.
+pub fn eval_int(expr: &str) -> Option<i64> {
+    let out = ctl_output(PORT, &["rabbitmqctl", "eval", expr]);
+    out.trim().parse().ok()
+}
+
+/// Ready + unacked messages in a queue of the chaos node.
+pub fn queue_messages(queue: &str) -> Option<u64> {
+    let out = ctl_output(
+        PORT,
+        &["rabbitmqctl", "-q", "list_queues", "name", "messages"],
+    );
+    out.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(queue)).then(|| it.next()?.parse().ok())?
+    })
+}
+
+/// Messages the stand-in re-routed right after its last start (an upper
+/// bound on the duplicates the restart caused on the delayed path).
+pub fn overdue_at_start() -> u64 {
+    eval_int("redeliver_delayed_store:overdue_at_start().").unwrap_or(0) as u64
+}
+
+/// Where every notification ended up.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub delivered: HashSet<String>,
+    pub dead: HashMap<String, String>,
+    /// Successful deliveries beyond the first, per id.
+    pub duplicates: usize,
+    pub attempts: usize,
+    pub lost: Vec<String>,
+}
+
+impl Tally {
+    fn from_receiver(rx: &Receiver) -> Tally {
+        let mut t = Tally::default();
+        for r in rx.requests() {
+            t.attempts += 1;
+            if r.reply == 200 && !t.delivered.insert(r.id()) {
+                t.duplicates += 1;
+            }
+        }
+        t
+    }
+
+    fn accounted(&self, ids: &[String]) -> usize {
+        ids.iter()
+            .filter(|id| self.delivered.contains(*id) || self.dead.contains_key(*id))
+            .count()
+    }
+}
+
+/// Waits until every id is delivered or dead, and the work queue and the
+/// stand-in's store are empty twice in a row (so late duplicates are in).
+/// Returns the tally; `lost` holds the ids that never arrived anywhere.
+pub async fn settle(
+    url: &str,
+    prefix: &str,
+    ids: &[String],
+    rx: &Receiver,
+    within: Duration,
+) -> Tally {
+    let deadline = Instant::now() + within;
+    let work = format!("{prefix}.work");
+    let mut dead: HashMap<String, String> = HashMap::new();
+    let mut quiet = 0;
+    loop {
+        for d in drain_dead(url, prefix).await {
+            let id = d.str(redeliver::state::H_ID).unwrap_or_default();
+            let reason = d.str(redeliver::state::H_DEAD_REASON).unwrap_or_default();
+            dead.insert(id, reason);
+        }
+        let mut t = Tally::from_receiver(rx);
+        t.dead = dead.clone();
+        let w = work.clone();
+        let (queued, held) = tokio::task::spawn_blocking(move || {
+            (
+                queue_messages(&w),
+                eval_int("redeliver_delayed_store:held_count()."),
+            )
+        })
+        .await
+        .unwrap();
+        let done = t.accounted(ids) == ids.len() && queued == Some(0) && held == Some(0);
+        quiet = if done { quiet + 1 } else { 0 };
+        if quiet >= 2 || Instant::now() > deadline {
+            t.lost = ids
+                .iter()
+                .filter(|id| !t.delivered.contains(*id) && !t.dead.contains_key(*id))
+                .cloned()
+                .collect();
+            if quiet < 2 {
+                println!("not settled: queued {queued:?}, held {held:?}");
+            }
+            return t;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Brings the chaos node up (fresh prefix per scenario keeps them apart).
+pub fn node_up() -> String {
+    ctl(PORT, &["up"])
+}

@@ -1,0 +1,160 @@
+//! TLS on both sides: the worker and `publish` reach the broker over
+//! `amqps://`, and deliver to an `https://` receiver, trusting a private CA
+//! through `SSL_CERT_FILE` like any program using the system's roots.
+//! An untrusted broker certificate fails at once with a hint, not after
+//! retries.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::harness::{cleanup, wait_until};
+use common::receiver::{Receiver, Reply};
+use common::{ctl_env, DownWhenLast};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, ServerConfig};
+
+const PORT: u16 = 5690;
+const TLS_PORT: u16 = 5691;
+static FINISHED: AtomicUsize = AtomicUsize::new(0);
+
+fn node_guard() -> DownWhenLast {
+    DownWhenLast {
+        port: PORT,
+        users: 2,
+        finished: &FINISHED,
+    }
+}
+
+fn node_up() -> (String, PathBuf) {
+    let tls = [("REDELIVER_TEST_BROKER_TLS_PORT", "5691")];
+    let url = ctl_env(PORT, &["up"], &tls);
+    let dir = PathBuf::from(ctl_env(PORT, &["tls-dir"], &tls));
+    (url, dir)
+}
+
+/// Terminates TLS on 127.0.0.1:0 with the node's server certificate and
+/// forwards the bytes to `plain` (the recording receiver).
+async fn https_front(tls_dir: &Path, plain: &str) -> String {
+    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(tls_dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(tls_dir.join("server.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let plain = plain.trim_start_matches("http://").to_string();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, plain) = (acceptor.clone(), plain.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut back) = tokio::net::TcpStream::connect(&plain).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
+            });
+        }
+    });
+    format!("https://127.0.0.1:{}", addr.port())
+}
+
+fn amqps(prefix: &str) -> [String; 4] {
+    let url = format!("amqps://guest:guest@127.0.0.1:{TLS_PORT}/%2f");
+    ["--amqp-url".into(), url, "--prefix".into(), prefix.into()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqps_broker_and_https_receiver() {
+    let _node = node_guard();
+    let (url, tls_dir) = tokio::task::spawn_blocking(node_up).await.unwrap();
+    let ca = tls_dir.join("ca.pem");
+    let p = common::prefix("tls");
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let https = https_front(&tls_dir, &rx.base).await;
+
+    let publish = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args(amqps(&p))
+        .args([
+            "publish",
+            "--id",
+            "over-tls",
+            "--url",
+            &format!("{https}/hook"),
+        ])
+        .env("SSL_CERT_FILE", &ca)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&publish.stderr);
+    assert!(publish.status.success(), "publish over amqps: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&publish.stdout).trim(), "over-tls");
+
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+        .args(amqps(&p))
+        .args(["run", "--concurrency", "2"])
+        .env("SSL_CERT_FILE", &ca)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let delivered = wait_until(Duration::from_secs(20), || rx.count() == 1).await;
+    let _ = worker.kill();
+    let _ = worker.wait();
+    cleanup(&url, &p).await;
+    assert!(delivered, "delivered to the https receiver through amqps");
+    let r = &rx.requests()[0];
+    assert_eq!((r.path.as_str(), r.id().as_str()), ("/hook", "over-tls"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_broker_certificate_fails_at_once_with_a_hint() {
+    let _node = node_guard();
+    tokio::task::spawn_blocking(node_up).await.unwrap();
+    let p = common::prefix("tlsbad");
+    // An empty bundle: no root trusts the node's private CA.
+    let empty = std::env::temp_dir().join(format!("{p}-empty.pem"));
+    std::fs::write(&empty, "").unwrap();
+    for args in [vec!["publish", "--url", "http://127.0.0.1:9/"], vec!["run"]] {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+            .args(amqps(&p))
+            .args(&args)
+            .env("SSL_CERT_FILE", &empty)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(out.stdout.is_empty(), "{args:?} printed no id");
+        assert!(
+            stderr.contains("invalid peer certificate"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("hint:") && stderr.contains("SSL_CERT_FILE"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("guest:guest"),
+            "the password is never shown: {stderr}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?} did not retry"
+        );
+    }
+    let _ = std::fs::remove_file(empty);
+}
