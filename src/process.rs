@@ -201,13 +201,13 @@ async fn attempt<H: DeliveryHandler>(
         Action::Retry { delay } => Some(delay.as_millis() as u64),
         _ => None,
     };
-    st.record(&AttemptRecord {
+    let record = AttemptRecord {
         attempt,
         at_ms,
         duration_ms,
         classified: &c,
         delay_ms,
-    });
+    };
     log_attempt(&n, attempt, &c, &action, duration_ms);
     if let Some(tx) = &ctx.settings.events {
         let _ = tx.send(AttemptEvent {
@@ -220,16 +220,20 @@ async fn attempt<H: DeliveryHandler>(
             action,
         });
     }
-    let headers = st.to_headers(d.properties.headers().as_ref(), Some(&c));
+    // The history travels only with a republished copy; a success needs none.
+    let mut headers = || {
+        st.record(&record);
+        st.to_headers(d.properties.headers().as_ref(), Some(&c))
+    };
     match action {
         Action::Ack => Ok(Outcome::Acked(Some(span))),
         Action::Retry { delay } => {
             let copy = ctx
                 .publisher
-                .retry(&d.data, d.properties.clone(), headers, delay);
+                .retry(&d.data, d.properties.clone(), headers(), delay);
             copy.await.map(|()| Outcome::Retried)
         }
-        Action::DeadLetter { reason } => dead_letter(ctx, d, headers, reason)
+        Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
             .await
             .map(|()| Outcome::Acked(None)),
     }

@@ -36,6 +36,19 @@ pub async fn preload(
     prefix: &str,
     items: impl IntoIterator<Item = Item>,
 ) -> anyhow::Result<Duration> {
+    preload_windowed(conn, broker, prefix, items, WINDOW).await
+}
+
+/// [`preload`] with at most `window` publishes awaiting their confirms. A
+/// small window keeps the publish instant close to the broker's receipt,
+/// which the delay phase needs: a message's due time starts there.
+pub async fn preload_windowed(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    prefix: &str,
+    items: impl IntoIterator<Item = Item>,
+    window: usize,
+) -> anyhow::Result<Duration> {
     let b = BrokerSettings {
         prefix: prefix.to_string(),
         ..broker.clone()
@@ -52,7 +65,7 @@ pub async fn preload(
                 Ok(())
             }
         })
-        .try_buffer_unordered(WINDOW)
+        .try_buffer_unordered(window)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(started.elapsed())

@@ -110,7 +110,7 @@ impl Sizes {
             n,
             retry_n: (n / 2).max(1),
             concurrency: o.concurrency,
-            latency_run: Duration::from_secs(if q { 2 } else { 8 }),
+            latency_run: Duration::from_secs(if q { 2 } else { 6 }),
             delay_n: if q { 500 } else { 10_000 },
             delay_min: Duration::from_secs(if q { 1 } else { 5 }),
             delay_max: Duration::from_secs(if q { 3 } else { 30 }),
