@@ -57,7 +57,7 @@ pub async fn bench(
     let opts = crate::bench::BenchOptions {
         broker,
         phases: args.phase.clone(),
-        n: args.n,
+        n: args.n.map(|n| n as usize),
         concurrency: args.concurrency.into(),
         quick: args.quick,
         worker_exe: std::env::current_exe().context("finding this executable")?,

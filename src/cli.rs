@@ -25,8 +25,8 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// Broker URL (amqp:// or amqps://). The password is never printed.
-    /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo`, the
-    /// local test node amqp://guest:guest@127.0.0.1:5674/%2f]
+    /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo` and
+    /// `bench`, the local test node amqp://guest:guest@127.0.0.1:5674/%2f]
     #[arg(
         long,
         global = true,
@@ -170,12 +170,12 @@ pub struct BenchArgs {
     pub phase: Vec<crate::bench::Phase>,
     /// Notifications for the broker, sink, end-to-end and retry phases
     /// [default: 20000; 1000 with --quick].
-    #[arg(short = 'n', long)]
-    pub n: Option<usize>,
-    /// Worker concurrency (and prefetch) for phases 1-6.
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(2..))]
+    pub n: Option<u64>,
+    /// Worker concurrency for phases 2-6 (phase 1 uses it as its prefetch).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
-    /// Small sizes that only show every phase runs (about 30 s; for CI).
+    /// Small sizes that only show every phase runs (about 20 s; for CI).
     #[arg(long)]
     pub quick: bool,
     /// Also write the figures as JSON to this file.

@@ -70,7 +70,7 @@ pub async fn process<H: DeliveryHandler>(
         }
         Some(Ok(Outcome::Acked(span))) => {
             let acked = d.acker.ack(BasicAckOptions::default()).await;
-            if let Some(span) = span {
+            if let (Some(span), Ok(_)) = (span, &acked) {
                 trace_overhead(pulled, span);
             }
             acked

@@ -36,7 +36,17 @@ pub async fn preload(
     prefix: &str,
     items: impl IntoIterator<Item = Item>,
 ) -> anyhow::Result<Duration> {
-    preload_windowed(conn, broker, prefix, items, WINDOW).await
+    Ok(preload_windowed(conn, broker, prefix, items, WINDOW)
+        .await?
+        .took)
+}
+
+/// How a preload went.
+pub struct Published {
+    pub took: Duration,
+    /// The longest time from a publish to its confirm: the broker received
+    /// each message somewhere inside that span.
+    pub max_confirm: Duration,
 }
 
 /// [`preload`] with at most `window` publishes awaiting their confirms. A
@@ -48,7 +58,7 @@ pub async fn preload_windowed(
     prefix: &str,
     items: impl IntoIterator<Item = Item>,
     window: usize,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<Published> {
     let b = BrokerSettings {
         prefix: prefix.to_string(),
         ..broker.clone()
@@ -56,19 +66,23 @@ pub async fn preload_windowed(
     let t = b.declare_topology(conn).await?;
     let publisher = Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?;
     let started = Instant::now();
-    stream::iter(items.into_iter().map(Ok::<_, anyhow::Error>))
+    let lags = stream::iter(items.into_iter().map(Ok::<_, anyhow::Error>))
         .map_ok(|item| {
             let p = publisher.clone();
             async move {
                 let prepared = prepare(&item.json, 1 << 20)?;
+                let sent = Instant::now();
                 p.publish_new(&prepared, item.delay).await?;
-                Ok(())
+                Ok(sent.elapsed())
             }
         })
         .try_buffer_unordered(window)
-        .try_collect::<Vec<()>>()
+        .try_collect::<Vec<Duration>>()
         .await?;
-    Ok(started.elapsed())
+    Ok(Published {
+        took: started.elapsed(),
+        max_confirm: lags.into_iter().max().unwrap_or_default(),
+    })
 }
 
 /// Deletes a prefix's topology; a failure is only worth a warning.
@@ -151,13 +165,19 @@ async fn drain(conn: &Connection, queue: &str, n: usize, prefetch: u16) -> anyho
         )
         .await?;
     let mut first = None;
+    // Each ack is sent from a task of its own, as the worker's delivery
+    // tasks do, rather than one round trip at a time.
+    let mut acks = tokio::task::JoinSet::new();
     for _ in 0..n {
         let d = tokio::time::timeout(Duration::from_secs(30), consumer.next())
             .await
             .context("the ceiling queue stopped delivering")?
             .context("the consumer ended")??;
         first.get_or_insert_with(Instant::now);
-        d.acker.ack(BasicAckOptions::default()).await?;
+        acks.spawn(async move { d.acker.ack(BasicAckOptions::default()).await });
+    }
+    while let Some(r) = acks.join_next().await {
+        r??;
     }
     let secs = first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(0.0);
     let _ = ch.close(200, "done".into()).await;

@@ -33,7 +33,16 @@ impl Spawner {
     /// worker traces its own overhead and this process collects it.
     pub fn spawn(&self, prefix: &str, args: &[&str], timings: bool) -> anyhow::Result<WorkerProc> {
         let mut cmd = Command::new(&self.exe);
-        cmd.args(["--amqp-url", self.broker.url.expose(), "--prefix", prefix])
+        // The caller's REDELIVER_* settings would silently change what is
+        // measured; the worker gets only what the bench sets.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("REDELIVER_") {
+                cmd.env_remove(k);
+            }
+        }
+        // Through the environment, not argv, where `ps` would show the password.
+        cmd.env("REDELIVER_AMQP_URL", self.broker.url.expose())
+            .args(["--prefix", prefix])
             .arg("--queue-type")
             .arg(self.broker.queue_type.as_str())
             .arg("run")
@@ -42,7 +51,9 @@ impl Spawner {
             .stdout(Stdio::null())
             .kill_on_drop(true);
         if timings {
-            cmd.env("RUST_LOG", "warn,redeliver::timing=debug")
+            // The production log level plus the overhead trace, so the
+            // measured worker pays for its per-attempt log line as usual.
+            cmd.env("RUST_LOG", "info,lapin=off,redeliver::timing=debug")
                 .env("NO_COLOR", "1")
                 .stderr(Stdio::piped());
         } else {
@@ -96,7 +107,7 @@ impl WorkerProc {
         let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
         // Fields after the parenthesised command name; utime and stime are
         // the 14th and 15th fields of the whole line.
-        let after = &stat[stat.rfind(')')? + 2..];
+        let after = stat.get(stat.rfind(')')? + 2..)?;
         let f: Vec<&str> = after.split_whitespace().collect();
         let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
         let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;

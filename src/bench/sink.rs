@@ -30,7 +30,8 @@ struct Shared {
     measure: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
-    /// Microseconds since the epoch of the first and last 200.
+    /// Microseconds since the epoch of the first request (any answer) and
+    /// of the last 200.
     first_us: AtomicU64,
     last_us: AtomicU64,
     samples: Mutex<Vec<i64>>,
@@ -48,7 +49,7 @@ pub struct Sink {
 pub struct Seen {
     pub ok: u64,
     pub failed: u64,
-    /// Seconds between the first and the last success.
+    /// Seconds from the first request (whatever its answer) to the last success.
     pub span_s: f64,
     pub samples_us: Vec<i64>,
 }
@@ -143,6 +144,9 @@ struct Probe {
 }
 
 async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let _ = s
+        .first_us
+        .compare_exchange(0, now_us(), Ordering::SeqCst, Ordering::SeqCst);
     let latency = s.latency_us.load(Ordering::Relaxed);
     if latency > 0 {
         tokio::time::sleep(Duration::from_micros(latency)).await;
@@ -162,9 +166,6 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
             }
         }
     }
-    let _ = s
-        .first_us
-        .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
     s.last_us.fetch_max(now, Ordering::SeqCst);
     s.ok.fetch_add(1, Ordering::SeqCst);
     StatusCode::OK

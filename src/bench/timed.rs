@@ -70,10 +70,18 @@ impl Bench {
         self.sink.reset(Mode::default());
         // Warm up: the worker is consuming once this one arrived.
         let warm = self.items(1, "/ok", |_| None, |_, _| "{}".into());
-        load::preload(&self.conn, &self.opts.broker, &prefix, warm).await?;
         let args = ["--concurrency".to_string(), c.to_string()];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let worker = self.spawner.spawn(&prefix, &args, true)?;
+        let started = load::preload(&self.conn, &self.opts.broker, &prefix, warm)
+            .await
+            .and_then(|_| self.spawner.spawn(&prefix, &args, true));
+        let worker = match started {
+            Ok(w) => w,
+            Err(e) => {
+                load::remove(&self.conn, &prefix).await;
+                return Err(e);
+            }
+        };
         let warmed = self.sink.wait_for(1, Duration::from_secs(30)).await;
         self.sink.reset(Mode {
             measure: true,
@@ -163,7 +171,7 @@ impl Bench {
         };
         let stopped = worker.stop().await;
         load::remove(&self.conn, &prefix).await;
-        let took = published?;
+        let published = published?;
         anyhow::ensure!(
             arrived,
             "only {} of {n} delayed notifications arrived",
@@ -171,14 +179,20 @@ impl Bench {
         );
         stopped?;
         let seen = self.sink.seen();
+        // Lateness is measured from the publish instant; the broker starts
+        // its clock at receipt, at most `max_confirm` later, so that span is
+        // the measurement's uncertainty.
         let early = seen.samples_us.iter().filter(|&&l| l < 0).count();
+        let lag_us = published.max_confirm.as_micros() as i64;
         let p = Phase::Delay;
         self.push(
             p,
             format!("{n} delays of {lo:?}–{hi:?}, published in"),
-            Some(took.as_secs_f64()),
+            Some(published.took.as_secs_f64()),
             "s",
         );
+        let lag_ms = lag_us as f64 / 1000.0;
+        self.push(p, "longest publish → confirm", Some(lag_ms), "ms");
         let mut late = ms(&seen.samples_us);
         self.push_spread_target(
             p,
@@ -279,6 +293,13 @@ impl Bench {
                 .await;
             let usage = worker.usage();
             worker.stop().await?;
+            // A worker that delivered next to nothing (still connecting, say)
+            // would show only its start-up memory.
+            let delivered = self.sink.ok() as usize;
+            anyhow::ensure!(
+                delivered >= backlog.min(c),
+                "the concurrency-{c} worker delivered only {delivered} of a {backlog} backlog"
+            );
             out.push((c, usage.map(|u| u.peak_rss_mib)));
         }
         Ok(out)
@@ -307,7 +328,7 @@ impl Bench {
             load::remove(&self.conn, &prefix).await;
             drained?;
             let seen = self.sink.seen();
-            let rate = seen.ok.saturating_sub(1) as f64 / seen.span_s.max(1e-9);
+            let rate = seen.ok as f64 / seen.span_s.max(1e-9);
             self.push(
                 p,
                 format!("{workers} process(es) × concurrency {c}, {latency:?} receiver"),
