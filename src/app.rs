@@ -87,8 +87,16 @@ pub async fn run(
 
 pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
     let policy = retry_policy(&args.policy)?;
+    let concurrency = usize::from(args.concurrency);
+    let prefetch = args.prefetch.map(usize::from);
+    if let Some(p) = prefetch.filter(|&p| p < concurrency) {
+        bail!(
+            "--prefetch {p} is below --concurrency {concurrency}: some slots could never be used"
+        );
+    }
     Ok(WorkerSettings {
-        concurrency: args.concurrency.into(),
+        concurrency,
+        prefetch,
         policy,
         rules: SuccessRules {
             permanent_status: args.permanent_status.clone(),

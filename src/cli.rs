@@ -196,9 +196,15 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
-    /// Most deliveries in flight in this process (also the AMQP prefetch).
+    /// Most HTTP attempts in flight in this process.
     #[arg(long, env = "REDELIVER_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// AMQP prefetch: the most unacked deliveries this process holds. Beyond
+    /// --concurrency it is room for deliveries waiting for a retry's confirm
+    /// or held by --retry-settle; memory grows with it times the message
+    /// size. [default: concurrency + max(1024, 4 × concurrency)]
+    #[arg(long, env = "REDELIVER_PREFETCH", value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: Option<u16>,
     /// Timeout of one HTTP attempt.
     #[arg(long, env = "REDELIVER_TIMEOUT", default_value = "15s", value_parser = duration)]
     pub timeout: Duration,

@@ -100,8 +100,11 @@ pub const DEFAULT_RETRY_SETTLE: Duration = Duration::from_secs(2);
 /// How a worker delivers and decides.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
-    /// Most deliveries in flight in this process; also the prefetch.
+    /// Most HTTP attempts in flight in this process.
     pub concurrency: usize,
+    /// The AMQP prefetch; `None`: concurrency plus room for deliveries past
+    /// their attempt (see [`crate::worker::prefetch`]).
+    pub prefetch: Option<usize>,
     pub policy: RetryPolicy,
     pub rules: SuccessRules,
     pub max_message_bytes: usize,
@@ -133,6 +136,7 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         WorkerSettings {
             concurrency: 32,
+            prefetch: None,
             policy: RetryPolicy::default(),
             rules: SuccessRules::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

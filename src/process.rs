@@ -7,6 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
+use lapin::Acker;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -41,8 +43,23 @@ pub enum Settled {
     /// Acked or nacked already.
     Done,
     /// Its retry copy was confirmed; ack it after `--retry-settle`
-    /// ([`hold_then_ack`]), without holding a concurrency slot.
-    Hold(Box<Delivery>),
+    /// ([`hold_then_ack`]), without holding a concurrency slot. Only the
+    /// acker is kept, not the message.
+    Hold(Acker),
+}
+
+/// A delivery's place in the concurrency limit. It is freed as soon as the
+/// HTTP attempt is over: waiting for a republish confirm, or the retry
+/// settle, is not a request in flight. The prefetch room covers those.
+pub struct Slot(Option<OwnedSemaphorePermit>);
+
+impl Slot {
+    pub fn new(permit: OwnedSemaphorePermit) -> Self {
+        Slot(Some(permit))
+    }
+    fn free(&mut self) {
+        self.0.take();
+    }
 }
 
 /// Processes one delivery: it is acked only after any republish was
@@ -52,6 +69,7 @@ pub async fn process<H: DeliveryHandler>(
     ctx: Arc<Context<H>>,
     d: Delivery,
     pulled: Instant,
+    mut slot: Slot,
 ) -> Settled {
     if d.redelivered {
         // At-least-once at work: an earlier delivery was not settled.
@@ -61,12 +79,12 @@ pub async fn process<H: DeliveryHandler>(
         );
     }
     let settled = tokio::select! {
-        s = settle(&ctx, &d) => Some(s),
+        s = settle(&ctx, &d, &mut slot) => Some(s),
         _ = ctx.hard_stop.cancelled() => None,
     };
     let result = match settled {
         Some(Ok(Outcome::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return Settled::Hold(Box::new(d))
+            return Settled::Hold(d.acker)
         }
         Some(Ok(Outcome::Acked(span))) => {
             let acked = d.acker.ack(BasicAckOptions::default()).await;
@@ -114,11 +132,11 @@ pub async fn process<H: DeliveryHandler>(
 /// confirmed: the upstream delayed-message plugin confirms before its disk
 /// write, and a broker crash in that window would lose the copy. Until the
 /// ack, the broker would redeliver the original instead.
-pub async fn hold_then_ack<H>(ctx: &Context<H>, d: Delivery) {
+pub async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
     let result = tokio::select! {
-        _ = tokio::time::sleep(ctx.settings.retry_settle) => d.acker.ack(BasicAckOptions::default()).await,
+        _ = tokio::time::sleep(ctx.settings.retry_settle) => acker.ack(BasicAckOptions::default()).await,
         // Shutting down before the settle is over: requeue (a duplicate at worst).
-        _ = ctx.hard_stop.cancelled() => d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+        _ = ctx.hard_stop.cancelled() => acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
     };
     if let Err(e) = result {
         warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
@@ -156,6 +174,7 @@ fn trace_overhead(pulled: Instant, span: HttpSpan) {
 async fn settle<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
+    slot: &mut Slot,
 ) -> Result<Outcome, PublishError> {
     let headers = d.properties.headers().as_ref();
     let decoded = RetryState::from_headers(headers).and_then(|st| {
@@ -167,10 +186,13 @@ async fn settle<H: DeliveryHandler>(
             .map(|n| (n, st))
     });
     match decoded {
-        Ok((n, st)) => attempt(ctx, d, n, st).await,
-        Err(e) => dead_letter_invalid(ctx, d, &e)
-            .await
-            .map(|()| Outcome::Acked(None)),
+        Ok((n, st)) => attempt(ctx, d, n, st, slot).await,
+        Err(e) => {
+            slot.free();
+            dead_letter_invalid(ctx, d, &e)
+                .await
+                .map(|()| Outcome::Acked(None))
+        }
     }
 }
 
@@ -180,11 +202,13 @@ async fn attempt<H: DeliveryHandler>(
     d: &Delivery,
     n: Notification,
     mut st: RetryState,
+    slot: &mut Slot,
 ) -> Result<Outcome, PublishError> {
     st.id = Some(n.id.clone());
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, started) = (now_ms(), Instant::now());
     let result = ctx.handler.deliver(&n, attempt).await;
+    slot.free();
     let span = HttpSpan {
         start: started,
         end: Instant::now(),

@@ -2,6 +2,8 @@
 //! letters. Nothing is reported as published until the broker confirmed it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -28,28 +30,49 @@ pub enum PublishError {
     Invalid(#[from] InvalidMessage),
 }
 
-/// A confirm-mode channel plus where things go.
+/// Confirm-mode channels plus where things go. Publishes are spread over
+/// the channels round-robin: a broker handles each channel in one process,
+/// so one channel would serialise every confirm behind the previous one
+/// (the local stand-in's fsync before each delayed confirm, for one).
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    channels: Arc<[Channel]>,
+    next: Arc<AtomicUsize>,
     topology: Topology,
     delay: DelayBackend,
     confirm_timeout: Duration,
 }
 
 impl Publisher {
+    /// One channel: enough for `publish` and the operator commands.
     pub async fn new(
         conn: &Connection,
         topology: Topology,
         delay: DelayBackend,
         confirm_timeout: Duration,
     ) -> Result<Self, lapin::Error> {
-        let channel = conn.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        Self::with_channels(conn, 1, topology, delay, confirm_timeout).await
+    }
+
+    /// `n` channels (at least one), for a worker's concurrent republishes.
+    pub async fn with_channels(
+        conn: &Connection,
+        n: usize,
+        topology: Topology,
+        delay: DelayBackend,
+        confirm_timeout: Duration,
+    ) -> Result<Self, lapin::Error> {
+        let mut channels = Vec::with_capacity(n.max(1));
+        for _ in 0..n.max(1) {
+            let channel = conn.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            channels.push(channel);
+        }
         Ok(Publisher {
-            channel,
+            channels: channels.into(),
+            next: Arc::new(AtomicUsize::new(0)),
             topology,
             delay,
             confirm_timeout,
@@ -57,7 +80,12 @@ impl Publisher {
     }
 
     pub fn is_connected(&self) -> bool {
-        self.channel.status().connected()
+        self.channels.iter().all(|c| c.status().connected())
+    }
+
+    fn channel(&self) -> &Channel {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
+        &self.channels[i]
     }
 
     /// Publishes a prepared notification: to the intake exchange, or with a
@@ -141,7 +169,7 @@ impl Publisher {
         };
         let publish = async {
             let confirm = self
-                .channel
+                .channel()
                 .basic_publish(exchange.into(), key.into(), opts, payload, props)
                 .await?;
             confirm.await

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::config::{BrokerSettings, WorkerSettings};
 use crate::deliver::DeliveryHandler;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
-use crate::process::{hold_then_ack, process, Context, Settled};
+use crate::process::{hold_then_ack, process, Context, Settled, Slot};
 use crate::publish::Publisher;
 use crate::topology::TopologyError;
 
@@ -130,16 +130,23 @@ fn reconnect_policy() -> RetryPolicy {
     }
 }
 
-/// Settle holds are unacked, so they need prefetch room of their own:
-/// max(256, 4 × concurrency) while `--retry-settle` is on.
+/// Deliveries past their HTTP attempt (waiting for a republish confirm, or
+/// held by `--retry-settle`) are unacked but hold no concurrency slot, so
+/// the prefetch has room for them: `--prefetch`, or by default
+/// concurrency + max(1024, 4 × concurrency), at most 65535.
 pub fn prefetch(settings: &WorkerSettings) -> usize {
-    let holds = if settings.retry_settle.is_zero() {
-        0
-    } else {
-        (4 * settings.concurrency).max(256)
-    };
-    settings.concurrency + holds
+    let room = (4 * settings.concurrency).max(DEFAULT_PREFETCH_ROOM);
+    settings
+        .prefetch
+        .unwrap_or(settings.concurrency + room)
+        .min(usize::from(u16::MAX))
 }
+
+/// Channels a worker republishes on (see [`Publisher`]).
+const PUBLISH_CHANNELS: usize = 8;
+
+/// See [`prefetch`].
+pub const DEFAULT_PREFETCH_ROOM: usize = 1024;
 
 /// One connection's life: `Ok` on shutdown, `Err` when the connection failed.
 async fn session<H: DeliveryHandler>(
@@ -171,8 +178,9 @@ async fn consume<H: DeliveryHandler>(
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let topology = broker.declare_topology(conn).await?;
-    let publisher = Publisher::new(
+    let publisher = Publisher::with_channels(
         conn,
+        PUBLISH_CHANNELS,
         topology.clone(),
         broker.delay,
         settings.confirm_timeout,
@@ -180,9 +188,8 @@ async fn consume<H: DeliveryHandler>(
     .await?;
     let channel = conn.create_channel().await?;
     let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
-    // prefetch = concurrency (+ room for retried originals held unacked
-    // during --retry-settle): the broker never hands this process more
-    // than it can work on.
+    // prefetch = concurrency + room for deliveries past their HTTP attempt
+    // (see `prefetch`): the broker never hands this process more than that.
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
@@ -225,12 +232,12 @@ async fn consume<H: DeliveryHandler>(
             Some(Ok(d)) => {
                 let (ctx, pulled) = (ctx.clone(), std::time::Instant::now());
                 tracker.spawn(async move {
-                    let settled = process(ctx.clone(), d, pulled).await;
-                    // The slot is free as soon as the attempt is over; a
-                    // settle hold does not count against the concurrency.
-                    drop(permit);
-                    if let Settled::Hold(d) = settled {
-                        hold_then_ack(&ctx, *d).await;
+                    // The slot is freed as soon as the HTTP attempt is over;
+                    // confirm waits and settle holds do not count against
+                    // the concurrency.
+                    let settled = process(ctx.clone(), d, pulled, Slot::new(permit)).await;
+                    if let Settled::Hold(acker) = settled {
+                        hold_then_ack(&ctx, acker).await;
                     }
                 });
             }

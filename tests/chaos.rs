@@ -9,10 +9,11 @@
 //!
 //! The scenarios share one private node (port 5689) and run one at a time,
 //! so their timings do not depend on each other. They run with
-//! `--retry-settle 0s`: the local stand-in writes a delayed message to disk
-//! before it confirms, so there is no confirm window to cover, and each
-//! worker's unacked messages are then bounded by its concurrency.
-//! (The settle itself is tested in `tests/reliability.rs`.)
+//! `--retry-settle 0s` (the local stand-in writes a delayed message to disk
+//! before it confirms, so there is no confirm window to cover; the settle
+//! is tested in `tests/reliability.rs`) and `--prefetch 16`, so each
+//! worker's unacked messages, and the duplicates a crash can cause, are
+//! bounded by 16.
 
 mod common;
 
@@ -52,6 +53,8 @@ fn worker_args(schedule: &str) -> Vec<String> {
         "15",
         "--retry-settle",
         "0s",
+        "--prefetch",
+        &CONCURRENCY.to_string(),
         "--shutdown-grace",
         "5s",
     ]
@@ -163,7 +166,7 @@ async fn chaos_worker_kills() {
         kills += 1;
     }
     // Each kill can duplicate at most what that worker held unacked: its
-    // concurrency (prefetch equals it with --retry-settle 0s).
+    // prefetch, set equal to its concurrency.
     let bound = s.fleet.kills * CONCURRENCY;
     finish(s, "worker kill -9", bound).await;
 }

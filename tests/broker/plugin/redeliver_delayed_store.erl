@@ -40,6 +40,7 @@
 %% delivery to it would be dropped), but not forever.
 -define(WAIT_FOR_LEADER_MS, 60000).
 -define(RETRY_NOT_READY_MS, 250).
+-define(READY_CACHE_MS, 1000).
 
 start_link() -> gen_server:start_link({local, ?SERVER}, ?MODULE, [], []).
 
@@ -207,8 +208,21 @@ route_one(XName, Msg0, Force) ->
     end.
 
 %% A quorum queue takes a stateless delivery only once it has a leader
-%% (right after a node restart it may not have one yet).
+%% (right after a node restart it may not have one yet). A positive answer
+%% is remembered for READY_CACHE_MS, so a burst of due messages does not
+%% ask Ra once per message.
 ready(Q) ->
+    Key = {ready, amqqueue:get_name(Q)},
+    Now = now_ms(),
+    case get(Key) of
+        At when is_integer(At), Now - At < ?READY_CACHE_MS -> true;
+        _ ->
+            Ready = ready_now(Q),
+            Ready andalso put(Key, Now),
+            Ready
+    end.
+
+ready_now(Q) ->
     case amqqueue:get_type(Q) of
         rabbit_quorum_queue ->
             case amqqueue:get_pid(Q) of
