@@ -224,7 +224,8 @@ pub fn overdue_at_start() -> u64 {
 pub struct Tally {
     pub delivered: HashSet<String>,
     pub dead: HashMap<String, String>,
-    /// Successful deliveries beyond the first, per id.
+    /// Successful deliveries beyond the first, per id, plus dead letters
+    /// beyond the first (an id dead-lettered twice is a duplicate too).
     pub duplicates: usize,
     pub attempts: usize,
     pub lost: Vec<String>,
@@ -262,15 +263,19 @@ pub async fn settle(
     let deadline = Instant::now() + within;
     let work = format!("{prefix}.work");
     let mut dead: HashMap<String, String> = HashMap::new();
+    let mut dead_twice = 0;
     let mut quiet = 0;
     loop {
         for d in drain_dead(url, prefix).await {
             let id = d.str(redeliver::state::H_ID).unwrap_or_default();
             let reason = d.str(redeliver::state::H_DEAD_REASON).unwrap_or_default();
-            dead.insert(id, reason);
+            if dead.insert(id, reason).is_some() {
+                dead_twice += 1;
+            }
         }
         let mut t = Tally::from_receiver(rx);
         t.dead = dead.clone();
+        t.duplicates += dead_twice;
         let w = work.clone();
         let (queued, held) = tokio::task::spawn_blocking(move || {
             (
