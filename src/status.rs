@@ -58,7 +58,10 @@ pub async fn status(
 }
 
 /// A passive declare; a missing queue closes the channel, so each gets its own.
-async fn queue(conn: &lapin::Connection, name: &str) -> Result<QueueStatus, lapin::Error> {
+pub(crate) async fn queue(
+    conn: &lapin::Connection,
+    name: &str,
+) -> Result<QueueStatus, lapin::Error> {
     let ch = conn.create_channel().await?;
     let passive = QueueDeclareOptions {
         passive: true,

@@ -41,6 +41,20 @@ pub async fn preload(
         .took)
 }
 
+/// Declares `prefix`'s topology and opens a publisher on it.
+async fn publisher_for(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    prefix: &str,
+) -> anyhow::Result<Publisher> {
+    let b = BrokerSettings {
+        prefix: prefix.to_string(),
+        ..broker.clone()
+    };
+    let t = b.declare_topology(conn).await?;
+    Ok(Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?)
+}
+
 /// How a preload went.
 pub struct Published {
     pub took: Duration,
@@ -59,12 +73,7 @@ pub async fn preload_windowed(
     items: impl IntoIterator<Item = Item>,
     window: usize,
 ) -> anyhow::Result<Published> {
-    let b = BrokerSettings {
-        prefix: prefix.to_string(),
-        ..broker.clone()
-    };
-    let t = b.declare_topology(conn).await?;
-    let publisher = Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?;
+    let publisher = publisher_for(conn, broker, prefix).await?;
     let started = Instant::now();
     let lags = stream::iter(items.into_iter().map(Ok::<_, anyhow::Error>))
         .map_ok(|item| {
@@ -195,12 +204,7 @@ pub async fn paced(
     run: Duration,
     json: impl Fn(usize) -> String,
 ) -> anyhow::Result<usize> {
-    let b = BrokerSettings {
-        prefix: prefix.to_string(),
-        ..broker.clone()
-    };
-    let t = b.declare_topology(conn).await?;
-    let publisher = Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?;
+    let publisher = publisher_for(conn, broker, prefix).await?;
     let interval = Duration::from_secs_f64(1.0 / rate.max(1.0));
     let mut confirms = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
@@ -216,18 +220,4 @@ pub async fn paced(
         r??;
     }
     Ok(i)
-}
-
-/// Ready messages in `queue` (a passive declare).
-pub async fn depth(conn: &Connection, queue: &str) -> anyhow::Result<usize> {
-    let ch = conn.create_channel().await?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let q = ch
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await?;
-    let _ = ch.close(200, "done".into()).await;
-    Ok(q.message_count() as usize)
 }

@@ -8,7 +8,7 @@ use lapin::Connection;
 use super::load::{self, Ceiling, Item};
 use super::procs::{Spawner, Usage, WorkerProc};
 use super::report::{Figure, Machine, Report};
-use super::sink::{Mode, Sink};
+use super::sink::{Mode, Seen, Sink};
 use super::{BenchOptions, Phase, Sizes};
 use crate::deliver::{DeliveryHandler, HttpDeliverer};
 
@@ -143,6 +143,26 @@ impl Bench {
         vec!["--concurrency".into(), c.to_string()]
     }
 
+    /// Preloads `n` notifications under a fresh prefix, drains them with
+    /// `workers` processes ([`Self::drain_with`]), and deletes the prefix,
+    /// also when a step failed. Returns the workers' usage and what the sink saw.
+    pub(super) async fn preload_and_drain(
+        &self,
+        phase: &str,
+        n: usize,
+        workers: usize,
+        args: &[String],
+    ) -> anyhow::Result<(Vec<Usage>, Seen)> {
+        let prefix = self.prefix(phase);
+        let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+        let drained = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
+            Ok(_) => self.drain_with(&prefix, workers, args, n).await,
+            Err(e) => Err(e),
+        };
+        load::remove(&self.conn, &prefix).await;
+        Ok((drained?, self.sink.seen()))
+    }
+
     /// Runs `workers` processes on `prefix` until the sink saw `n`
     /// successes; returns their usage just before they were stopped.
     pub(super) async fn drain_with(
@@ -152,9 +172,8 @@ impl Bench {
         args: &[String],
         n: usize,
     ) -> anyhow::Result<Vec<Usage>> {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let procs: Vec<WorkerProc> = (0..workers)
-            .map(|_| self.spawner.spawn(prefix, &args, false))
+            .map(|_| self.spawner.spawn(prefix, args, false))
             .collect::<anyhow::Result<_>>()?;
         let within = Duration::from_secs(120) + Duration::from_millis(n as u64 * 5);
         let done = self.sink.wait_for(n as u64, within).await;
@@ -238,20 +257,10 @@ impl Bench {
 
     async fn end_to_end(&mut self) -> anyhow::Result<()> {
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
-        let prefix = self.prefix("e2e");
         self.sink.reset(Mode::default());
-        let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
-        let usage = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
-            Ok(_) => {
-                self.drain_with(&prefix, 1, &Self::concurrency_args(c), n)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        load::remove(&self.conn, &prefix).await;
-        let usage = usage?;
-        let seen = self.sink.seen();
-        let rate = seen.ok as f64 / seen.span_s.max(1e-9);
+        let args = Self::concurrency_args(c);
+        let (usage, seen) = self.preload_and_drain("e2e", n, 1, &args).await?;
+        let rate = seen.rate();
         let p = Phase::E2e;
         self.push(
             p,
@@ -310,29 +319,21 @@ impl Bench {
     /// succeed; returns successes per second from the first attempt.
     async fn retry_run(&mut self, n: usize, settle: Option<&str>) -> anyhow::Result<f64> {
         let c = self.sizes.concurrency;
-        let prefix = self.prefix("retry");
         self.sink.reset(Mode {
             fail_first: true,
             ..Mode::default()
         });
-        let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
         let mut args = Self::concurrency_args(c);
         args.extend(["--schedule".to_string(), "1ms".to_string()]);
         if let Some(s) = settle {
             args.extend(["--retry-settle".to_string(), s.to_string()]);
         }
-        let drained = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
-            Ok(_) => self.drain_with(&prefix, 1, &args, n).await,
-            Err(e) => Err(e),
-        };
-        load::remove(&self.conn, &prefix).await;
-        drained?;
-        let seen = self.sink.seen();
+        let (_, seen) = self.preload_and_drain("retry", n, 1, &args).await?;
         anyhow::ensure!(
             seen.failed == n as u64,
             "the sink failed {} first attempts, not {n}",
             seen.failed
         );
-        Ok(seen.ok as f64 / seen.span_s.max(1e-9))
+        Ok(seen.rate())
     }
 }

@@ -31,7 +31,12 @@ pub struct Spawner {
 impl Spawner {
     /// Starts `redeliver run` on `prefix` with `args`. With `timings`, the
     /// worker traces its own overhead and this process collects it.
-    pub fn spawn(&self, prefix: &str, args: &[&str], timings: bool) -> anyhow::Result<WorkerProc> {
+    pub fn spawn(
+        &self,
+        prefix: &str,
+        args: &[String],
+        timings: bool,
+    ) -> anyhow::Result<WorkerProc> {
         let mut cmd = Command::new(&self.exe);
         // The caller's REDELIVER_* settings would silently change what is
         // measured; the worker gets only what the bench sets.

@@ -54,6 +54,13 @@ pub struct Seen {
     pub samples_us: Vec<i64>,
 }
 
+impl Seen {
+    /// Successes per second over `span_s`.
+    pub fn rate(&self) -> f64 {
+        self.ok as f64 / self.span_s.max(1e-9)
+    }
+}
+
 impl Sink {
     pub async fn start() -> std::io::Result<Sink> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -70,8 +70,7 @@ impl Bench {
         self.sink.reset(Mode::default());
         // Warm up: the worker is consuming once this one arrived.
         let warm = self.items(1, "/ok", |_| None, |_, _| "{}".into());
-        let args = ["--concurrency".to_string(), c.to_string()];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let args = Self::concurrency_args(c);
         let started = load::preload(&self.conn, &self.opts.broker, &prefix, warm)
             .await
             .and_then(|_| self.spawner.spawn(&prefix, &args, true));
@@ -144,8 +143,7 @@ impl Bench {
             .map(|i| lo + (hi - lo).mul_f64(i as f64 / n.max(2).saturating_sub(1) as f64))
             .collect();
         delays.shuffle(&mut rand::rng());
-        let args = ["--concurrency".to_string(), c.to_string()];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let args = Self::concurrency_args(c);
         let worker = self.spawner.spawn(&prefix, &args, false)?;
         let items = self.items(
             n,
@@ -279,13 +277,15 @@ impl Bench {
         let mut out = vec![];
         let work = format!("{prefix}.work");
         for c in self.sizes.memory_concurrency {
-            let have: usize = load::depth(&self.conn, &work).await.unwrap_or_default();
+            // A missing queue (the first run) holds nothing.
+            let have = crate::status::queue(&self.conn, &work)
+                .await
+                .map_or(0, |q| q.ready as usize);
             let top_up = backlog.saturating_sub(have);
             let items = self.items(top_up, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
             load::preload(&self.conn, &self.opts.broker, prefix, items).await?;
             self.sink.reset(Mode::default());
-            let args = ["--concurrency".to_string(), c.to_string()];
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let args = Self::concurrency_args(c);
             let worker = self.spawner.spawn(prefix, &args, false)?;
             let _ = self
                 .sink
@@ -311,24 +311,15 @@ impl Bench {
         let p = Phase::Horizontal;
         let mut rates = vec![];
         for workers in [1, 2, 4] {
-            let prefix = self.prefix("horizontal");
             self.sink.reset(Mode {
                 latency,
                 ..Mode::default()
             });
-            let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
-            let loaded = load::preload(&self.conn, &self.opts.broker, &prefix, items).await;
-            let drained = match loaded {
-                Ok(_) => {
-                    self.drain_with(&prefix, workers, &Self::concurrency_args(c), n)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            load::remove(&self.conn, &prefix).await;
-            drained?;
-            let seen = self.sink.seen();
-            let rate = seen.ok as f64 / seen.span_s.max(1e-9);
+            let args = Self::concurrency_args(c);
+            let (_, seen) = self
+                .preload_and_drain("horizontal", n, workers, &args)
+                .await?;
+            let rate = seen.rate();
             self.push(
                 p,
                 format!("{workers} process(es) × concurrency {c}, {latency:?} receiver"),
