@@ -19,26 +19,6 @@ fn spawn_run(url: &str, p: &str, args: &[&str]) -> Child {
         .expect("spawn redeliver run")
 }
 
-fn sigterm(c: &Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &c.id().to_string()])
-        .status();
-}
-
-fn wait_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = c.try_wait().unwrap() {
-            return st;
-        }
-        if start.elapsed() > within {
-            let _ = c.kill();
-            panic!("redeliver run did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A worker keeps delivering across a broker restart, without help.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_recovers_from_a_broker_restart() {

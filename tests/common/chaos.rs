@@ -12,7 +12,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::BasicProperties;
 use serde_json::json;
 
-use super::harness::{broker, drain_dead};
+use super::harness::{broker, drain_dead, sigterm, wait_exit};
 use super::receiver::{Receiver, Recorded, Reply};
 use super::{ctl, ctl_output};
 
@@ -147,26 +147,12 @@ impl Fleet {
 
     /// SIGTERM to all, then waits (graceful shutdown), returning the statuses.
     pub fn stop(&mut self) -> Vec<ExitStatus> {
-        for c in &self.procs {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut out = vec![];
-        for c in &mut self.procs {
-            loop {
-                if let Ok(Some(st)) = c.try_wait() {
-                    out.push(st);
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    panic!("a worker did not exit within 30 s of SIGTERM");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        self.procs.iter().for_each(sigterm);
+        let out = self
+            .procs
+            .iter_mut()
+            .map(|c| wait_exit(c, Duration::from_secs(30)))
+            .collect();
         self.procs.clear();
         out
     }

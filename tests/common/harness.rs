@@ -239,6 +239,28 @@ pub fn cli(url: &str, prefix: &str, args: &[&str]) -> std::process::Output {
         .expect("run redeliver")
 }
 
+/// SIGTERM: a graceful stop.
+pub fn sigterm(c: &std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+}
+
+/// Waits for `c` to exit; kills it and fails the test after `within`.
+pub fn wait_exit(c: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > within {
+            let _ = c.kill();
+            panic!("redeliver run did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn stdout(o: &std::process::Output) -> String {
     assert!(
         o.status.success(),
