@@ -141,6 +141,10 @@ impl Bench {
         });
         let mut delays: Vec<Duration> = (0..n)
             .map(|i| lo + (hi - lo).mul_f64(i as f64 / n.max(2).saturating_sub(1) as f64))
+            // Whole milliseconds: `x-delay` is in ms, so a fractional delay
+            // would be truncated on the wire and its due time would seem to
+            // be up to 1 ms "early".
+            .map(|d| Duration::from_millis(d.as_millis() as u64))
             .collect();
         delays.shuffle(&mut rand::rng());
         let args = Self::concurrency_args(c);
