@@ -77,12 +77,32 @@ pub async fn run(
     args: &RunArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let settings = worker_settings(args)?;
+    let mut settings = worker_settings(args)?;
+    // Already checked when the command line was parsed; read for its routes.
+    if let Some(path) = &g.config {
+        settings.routes = crate::config_file::ConfigFile::load(path)?.routes;
+    }
+    let secrets = signing_secrets(&args.signing_secret)?;
     let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
     let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
-        .context("building the HTTP client")?;
+        .context("building the HTTP client")?
+        .with_signing(secrets, settings.routes.clone());
+    if let Some(addr) = &args.admin_addr {
+        crate::admin::spawn(addr, settings.health.clone(), shutdown.clone()).await?;
+    }
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())
+}
+
+/// The error names which secret, never its value.
+fn signing_secrets(raw: &[String]) -> anyhow::Result<Vec<crate::signing::SigningSecret>> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse()
+                .with_context(|| format!("--signing-secret (secret {} of {})", i + 1, raw.len()))
+        })
+        .collect()
 }
 
 pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
@@ -106,7 +126,7 @@ pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
         confirm_timeout: args.confirm_timeout,
         shutdown_grace: args.shutdown_grace,
         retry_settle: args.retry_settle,
-        events: None,
+        ..WorkerSettings::default()
     })
 }
 

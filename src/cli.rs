@@ -51,6 +51,14 @@ pub struct GlobalArgs {
         default_value = "quorum"
     )]
     pub queue_type: QueueType,
+    /// TOML config file: the same settings under the flags' long names, and
+    /// per-URL-prefix [[route]] overrides. Flags > env > file > defaults.
+    #[arg(long, global = true, env = "REDELIVER_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log lines as human-readable text or JSON objects, filtered by
+    /// RUST_LOG [default: pretty on a terminal, json otherwise].
+    #[arg(long, global = true, env = "REDELIVER_LOG_FORMAT", value_enum)]
+    pub log_format: Option<crate::telemetry::LogFormat>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +77,21 @@ pub enum Command {
     /// Measure throughput, latency, delay accuracy, memory and scaling against
     /// the broker and an embedded HTTP sink (own prefixes, cleaned up).
     Bench(BenchArgs),
+    /// Check a config file, or print the effective settings of `run`.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a config file; errors name the line.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// The settings `run` would use (flags > env > --config file > defaults),
+    /// with where each comes from; secrets redacted.
+    Show,
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,6 +263,21 @@ pub struct RunArgs {
     /// ack, the broker would redeliver the original instead. 0s turns it off.
     #[arg(long, env = "REDELIVER_RETRY_SETTLE", default_value = "2s", value_parser = duration)]
     pub retry_settle: Duration,
+    /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g.
+    /// 127.0.0.1:9464 (port 0 picks one and logs it). Off by default.
+    #[arg(long, env = "REDELIVER_ADMIN_ADDR", value_name = "ADDR")]
+    pub admin_addr: Option<String>,
+    /// Sign every request (Standard Webhooks `webhook-signature`) with this
+    /// `whsec_...` secret. Repeat (or comma-separate) to rotate keys: each
+    /// secret adds a signature. Never printed.
+    #[arg(
+        long,
+        env = "REDELIVER_SIGNING_SECRET",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "SECRET"
+    )]
+    pub signing_secret: Vec<String>,
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[arg(long, env = "REDELIVER_SHUTDOWN_GRACE", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,

@@ -118,6 +118,11 @@ pub struct WorkerSettings {
     /// When set, every attempt's outcome is also sent here (progress
     /// displays, metrics). Slow receivers lag; the worker never waits.
     pub events: Option<tokio::sync::broadcast::Sender<AttemptEvent>>,
+    /// Per-URL-prefix overrides of the policy and success body (the
+    /// handler applies their secrets and timeouts).
+    pub routes: crate::routes::Routes,
+    /// Readiness and metrics, for `--admin-addr`.
+    pub health: crate::telemetry::Health,
 }
 
 /// One attempt and what was decided about it.
@@ -144,6 +149,8 @@ impl Default for WorkerSettings {
             shutdown_grace: Duration::from_secs(30),
             retry_settle: DEFAULT_RETRY_SETTLE,
             events: None,
+            routes: Default::default(),
+            health: Default::default(),
         }
     }
 }

@@ -10,6 +10,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AF
 use crate::guard::{blocked_cause, literal_ip, AddressPolicy};
 use crate::message::Notification;
 use crate::outcome::AttemptResult;
+use crate::routes::Routes;
+use crate::signing::{signature_header, SigningSecret};
 
 /// Response bodies are read up to this size (for the success-body rule).
 const MAX_RESPONSE_BODY: usize = 64 * 1024;
@@ -31,6 +33,14 @@ pub struct HttpDeliverer {
     client: reqwest::Client,
     timeout: Duration,
     policy: Arc<AddressPolicy>,
+    signing: Arc<Signing>,
+}
+
+/// What signs a request and how long it may take, per URL.
+#[derive(Debug, Default)]
+struct Signing {
+    secrets: Vec<SigningSecret>,
+    routes: Routes,
 }
 
 impl HttpDeliverer {
@@ -58,10 +68,18 @@ impl HttpDeliverer {
             client,
             timeout,
             policy,
+            signing: Arc::default(),
         })
     }
 
-    fn headers(n: &Notification, attempt: u32) -> HeaderMap {
+    /// Signs every request with these secrets (Standard Webhooks), and
+    /// applies the routes' secrets and timeouts to their URLs.
+    pub fn with_signing(mut self, secrets: Vec<SigningSecret>, routes: Routes) -> Self {
+        self.signing = Arc::new(Signing { secrets, routes });
+        self
+    }
+
+    fn headers(n: &Notification, attempt: u32, secrets: &[SigningSecret]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in &n.headers {
             // Validated when decoded; anything odd is skipped, not a panic.
@@ -88,6 +106,14 @@ impl HttpDeliverer {
                 h.insert(HeaderName::from_static(k), v);
             }
         }
+        if !secrets.is_empty() {
+            // Over the exact bytes sent: the body is sent as stored.
+            let body = n.body.as_ref().map_or("", |b| b.get()).as_bytes();
+            let sig = signature_header(secrets, &n.id, now.as_secs(), body);
+            if let Ok(v) = HeaderValue::from_str(&sig) {
+                h.insert(HeaderName::from_static("webhook-signature"), v);
+            }
+        }
         h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
         h
     }
@@ -100,16 +126,22 @@ impl DeliveryHandler for HttpDeliverer {
                 error: b.to_string(),
             };
         }
+        let route = self.signing.routes.find(n.url.as_str());
+        let secrets = route
+            .and_then(|r| r.secrets.as_deref())
+            .unwrap_or(&self.signing.secrets);
+        let timeout = route.and_then(|r| r.timeout).unwrap_or(self.timeout);
         let mut req = self
             .client
             .request(n.method.clone(), n.url.clone())
-            .headers(Self::headers(n, attempt));
+            .timeout(timeout)
+            .headers(Self::headers(n, attempt, secrets));
         if let Some(body) = &n.body {
             req = req.body(body.get().to_owned());
         }
         let resp = match req.send().await {
             Ok(r) => r,
-            Err(e) => return failed(&e, self.timeout),
+            Err(e) => return failed(&e, timeout),
         };
         let status = resp.status().as_u16();
         let retry_after = resp
@@ -121,7 +153,7 @@ impl DeliveryHandler for HttpDeliverer {
             Ok(b) => b,
             Err(e) => {
                 return AttemptResult::Failed {
-                    error: describe(&e, self.timeout),
+                    error: describe(&e, timeout),
                 }
             }
         };

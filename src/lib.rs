@@ -6,10 +6,14 @@
 //! [`outcome`] (retry or not) → [`retry`] (the decision) with
 //! [`policy`] (how long to wait) → [`delay`] (how the wait is done).
 
+pub mod admin;
 pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod config_cmd;
+pub mod config_file;
+pub mod config_route;
 pub mod dead_letter;
 pub mod delay;
 pub mod deliver;
@@ -24,6 +28,8 @@ pub mod policy;
 pub mod process;
 pub mod publish;
 pub mod retry;
+pub mod routes;
+pub mod signing;
 pub mod state;
 pub mod status;
 pub mod telemetry;

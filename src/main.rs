@@ -1,6 +1,6 @@
-use clap::Parser;
-use redeliver::cli::{Cli, Command, DlqCommand};
-use redeliver::{app, ops};
+use redeliver::cli::{Command, ConfigCommand, DlqCommand};
+use redeliver::telemetry::{self, LogFormat};
+use redeliver::{app, config_cmd, config_file, ops};
 
 /// mimalloc rather than glibc malloc: a delivery allocates and frees many
 /// small buffers across threads (AMQP frames, HTTP requests, log lines), and
@@ -10,10 +10,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
+    let argv: Vec<_> = std::env::args_os().collect();
+    // Flags, then env, then the --config file, then defaults.
+    let cli = match config_file::parse_args(argv.clone()) {
+        Ok((cli, _)) => cli,
+        Err(e) => e.exit(),
+    };
+    let format = cli.global.log_format.unwrap_or_else(LogFormat::detect);
     match cli.command {
-        Command::Demo => redeliver::telemetry::init_with_default("warn,lapin=off"),
-        _ => redeliver::telemetry::init(),
+        Command::Demo => telemetry::init_with_default(format, "warn,lapin=off"),
+        _ => telemetry::init(format),
     }
     let g = &cli.global;
     let out = &mut std::io::stdout().lock();
@@ -28,6 +34,8 @@ async fn main() {
         Command::Status(a) => ops::status(g, a, out).await.map(drop),
         Command::Demo => app::demo(g).await,
         Command::Bench(a) => app::bench(g, a, out).await,
+        Command::Config(ConfigCommand::Check { file }) => config_cmd::check(file, out),
+        Command::Config(ConfigCommand::Show) => config_cmd::show(argv, out),
     };
     if let Err(e) = result {
         if app::is_broken_pipe(&e) {

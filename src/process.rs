@@ -19,7 +19,9 @@ use crate::outcome::{classify, Classified};
 use crate::policy::{Backoff, RetryPolicy};
 use crate::publish::{republish_properties, PublishError, Publisher};
 use crate::retry::{decide, Action, DeadReason};
+use crate::routes::Route;
 use crate::state::{self, AttemptRecord, RetryState};
+use crate::telemetry::{self, GaugeGuard};
 
 /// What every delivery task of one connection shares.
 pub struct Context<H> {
@@ -51,11 +53,11 @@ pub enum Settled {
 /// A delivery's place in the concurrency limit. It is freed as soon as the
 /// HTTP attempt is over: waiting for a republish confirm, or the retry
 /// settle, is not a request in flight. The prefetch room covers those.
-pub struct Slot(Option<OwnedSemaphorePermit>);
+pub struct Slot(Option<(OwnedSemaphorePermit, GaugeGuard)>);
 
 impl Slot {
     pub fn new(permit: OwnedSemaphorePermit) -> Self {
-        Slot(Some(permit))
+        Slot(Some((permit, GaugeGuard::new(telemetry::IN_FLIGHT))))
     }
     fn free(&mut self) {
         self.0.take();
@@ -214,13 +216,14 @@ async fn attempt<H: DeliveryHandler>(
         end: Instant::now(),
     };
     let duration_ms = span.end.duration_since(started).as_millis() as u64;
-    let c = classify(&result, &ctx.settings.rules, n.success_body.as_deref());
-    let action = decide(
-        &c,
-        attempt,
-        &effective_policy(&ctx.settings.policy, &n),
-        &mut rand::rng(),
-    );
+    let route = ctx.settings.routes.find(n.url.as_str());
+    let success_body = n
+        .success_body
+        .as_deref()
+        .or(route.and_then(|r| r.success_body.as_deref()));
+    let c = classify(&result, &ctx.settings.rules, success_body);
+    let policy = effective_policy(&ctx.settings.policy, route, &n);
+    let action = decide(&c, attempt, &policy, &mut rand::rng());
     let delay_ms = match action {
         Action::Retry { delay } => Some(delay.as_millis() as u64),
         _ => None,
@@ -233,6 +236,7 @@ async fn attempt<H: DeliveryHandler>(
         delay_ms,
     };
     log_attempt(&n, attempt, &c, &action, duration_ms);
+    telemetry::record_attempt(&action, attempt, span.end.duration_since(started));
     if let Some(tx) = &ctx.settings.events {
         let _ = tx.send(AttemptEvent {
             id: n.id.clone(),
@@ -255,6 +259,7 @@ async fn attempt<H: DeliveryHandler>(
             let copy = ctx
                 .publisher
                 .retry(&d.data, d.properties.clone(), headers(), delay);
+            let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
             copy.await.map(|()| Outcome::Retried)
         }
         Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
@@ -270,6 +275,7 @@ async fn dead_letter_invalid<H>(
     e: &InvalidMessage,
 ) -> Result<(), PublishError> {
     warn!(error = %e, "invalid message; dead-lettering it");
+    telemetry::record_invalid();
     let mut headers = d.properties.headers().clone().unwrap_or_default();
     state::set_last(&mut headers, None, Some(&e.to_string()));
     dead_letter(ctx, d, headers, DeadReason::Invalid).await
@@ -283,14 +289,20 @@ async fn dead_letter<H>(
 ) -> Result<(), PublishError> {
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
     let props = republish_properties(&d.properties, headers);
+    let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
     ctx.publisher.dead_letter(&d.data, props).await
 }
 
-/// Per-notification overrides win over the worker's policy.
-fn effective_policy(base: &RetryPolicy, n: &Notification) -> RetryPolicy {
+/// Per-notification fields win over the URL's route, which wins over the
+/// worker's policy.
+fn effective_policy(base: &RetryPolicy, route: Option<&Route>, n: &Notification) -> RetryPolicy {
+    let route_schedule = route.and_then(|r| r.schedule.as_ref());
     RetryPolicy {
-        max_attempts: n.max_attempts.unwrap_or(base.max_attempts),
-        backoff: match &n.schedule {
+        max_attempts: n
+            .max_attempts
+            .or(route.and_then(|r| r.max_attempts))
+            .unwrap_or(base.max_attempts),
+        backoff: match n.schedule.as_ref().or(route_schedule) {
             Some(s) => Backoff::Schedule(s.clone()),
             None => base.backoff.clone(),
         },

@@ -1,19 +1,51 @@
-//! Logging: human-readable lines on stderr, filtered by `RUST_LOG`. The
-//! default, `info,lapin=off`, leaves out lapin's own error lines, which would
-//! repeat what redeliver reports in one sentence. Stdout stays free for
-//! command output such as ids.
+//! Logs, metrics and health: what an operator sees of a running worker.
+//!
+//! Logs go to stderr, filtered by `RUST_LOG`, as human-readable lines on a
+//! terminal and JSON lines otherwise (`--log-format`). The default filter,
+//! `info,lapin=off`, leaves out lapin's own error lines, which would repeat
+//! what redeliver reports in one sentence. Stdout stays free for command
+//! output such as ids.
+//!
+//! Metrics go through the `metrics` facade; `--admin-addr` installs the
+//! Prometheus recorder ([`crate::admin`]). Without it every call here is a
+//! no-op. Labels are bounded enums only: never a URL, never a host.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init() {
-    init_with_default("info,lapin=off")
+use crate::retry::Action;
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Pretty,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl LogFormat {
+    /// Pretty on a terminal, JSON when stderr goes to a file or a collector.
+    pub fn detect() -> Self {
+        if std::io::stderr().is_terminal() {
+            LogFormat::Pretty
+        } else {
+            LogFormat::Json
+        }
+    }
+}
+
+pub fn init(format: LogFormat) {
+    init_with_default(format, "info,lapin=off")
 }
 
 /// Like [`init`], with another default filter (the demo prints its own
 /// progress, so it only wants warnings).
-pub fn init_with_default(default: &str) {
+pub fn init_with_default(format: LogFormat, default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // lapin's I/O loop traces raw frames, the login's credentials included;
     // no RUST_LOG setting may turn that on.
@@ -21,9 +53,106 @@ pub fn init_with_default(default: &str) {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        // Fields at the top level, where collectors look for them.
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Whether the worker is connected and consuming: `/readyz`. It is not
+/// ready while connecting or reconnecting, nor once it starts draining.
+#[derive(Clone, Debug, Default)]
+pub struct Health(Arc<AtomicBool>);
+
+impl Health {
+    pub fn set_consuming(&self, consuming: bool) {
+        self.0.store(consuming, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+pub const DELIVERIES: &str = "redeliver_deliveries_total";
+pub const ATTEMPT_SECONDS: &str = "redeliver_attempt_duration_seconds";
+pub const SUCCESS_ATTEMPT: &str = "redeliver_success_attempt_number";
+pub const IN_FLIGHT: &str = "redeliver_in_flight";
+pub const CONCURRENCY: &str = "redeliver_concurrency_limit";
+pub const CONFIRMS_PENDING: &str = "redeliver_republish_confirms_pending";
+pub const RECONNECTS: &str = "redeliver_reconnects_total";
+pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
+
+/// Describes the metrics, so `/metrics` carries `# HELP` lines.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        DELIVERIES,
+        "Attempts by outcome (success, retry, dead) and dead-letter reason"
+    );
+    describe_histogram!(
+        ATTEMPT_SECONDS,
+        Unit::Seconds,
+        "Duration of one HTTP attempt"
+    );
+    describe_histogram!(
+        SUCCESS_ATTEMPT,
+        "Attempt number at which a notification succeeded"
+    );
+    describe_gauge!(IN_FLIGHT, "HTTP attempts in flight");
+    describe_gauge!(CONCURRENCY, "The concurrency limit (--concurrency)");
+    describe_gauge!(
+        CONFIRMS_PENDING,
+        "Retry and dead-letter republishes waiting for the broker's confirm"
+    );
+    describe_counter!(
+        RECONNECTS,
+        "Broker connections re-established after a failure"
+    );
+    describe_gauge!(
+        DEAD_LETTERS,
+        "Messages in the dead-letter queue at the last check"
+    );
+}
+
+/// Records one attempt's outcome and duration.
+pub fn record_attempt(action: &Action, attempt: u32, duration: Duration) {
+    let (outcome, reason) = match action {
+        Action::Ack => ("success", ""),
+        Action::Retry { .. } => ("retry", ""),
+        Action::DeadLetter { reason } => ("dead", reason.as_str()),
+    };
+    metrics::counter!(DELIVERIES, "outcome" => outcome, "reason" => reason).increment(1);
+    metrics::histogram!(ATTEMPT_SECONDS).record(duration.as_secs_f64());
+    if matches!(action, Action::Ack) {
+        metrics::histogram!(SUCCESS_ATTEMPT).record(f64::from(attempt));
+    }
+}
+
+/// An invalid message is dead-lettered without an attempt.
+pub fn record_invalid() {
+    metrics::counter!(DELIVERIES, "outcome" => "dead", "reason" => "invalid").increment(1);
+}
+
+/// Counts a gauge up for as long as the guard lives: no path out of a
+/// scope (an early return, a cancelled future) can leave it counted.
+pub struct GaugeGuard(&'static str);
+
+impl GaugeGuard {
+    pub fn new(name: &'static str) -> Self {
+        metrics::gauge!(name).increment(1.0);
+        GaugeGuard(name)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        metrics::gauge!(self.0).decrement(1.0);
+    }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::Connection;
 use tokio::sync::Semaphore;
@@ -18,6 +20,7 @@ use crate::deliver::DeliveryHandler;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::process::{hold_then_ack, process, Context, Settled, Slot};
 use crate::publish::Publisher;
+use crate::telemetry;
 use crate::topology::TopologyError;
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +94,11 @@ pub async fn run<H: DeliveryHandler>(
     }
     let handler = Arc::new(handler);
     let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    metrics::gauge!(telemetry::CONCURRENCY).set(settings.concurrency as f64);
+    // Present from the start, so dashboards and alerts see 0, not "no data".
+    metrics::counter!(telemetry::RECONNECTS).increment(0);
+    metrics::gauge!(telemetry::IN_FLIGHT).increment(0.0);
+    metrics::gauge!(telemetry::CONFIRMS_PENDING).increment(0.0);
     let reconnect = reconnect_policy();
     let mut failures = 0u32;
     loop {
@@ -106,6 +114,7 @@ pub async fn run<H: DeliveryHandler>(
                     failures + 1
                 };
                 let delay = reconnect.delay(failures, &mut rand::rng());
+                metrics::counter!(telemetry::RECONNECTS).increment(1);
                 warn!(error = %e, attempt = failures, retry_in = ?delay, "no broker connection; reconnecting");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
@@ -202,6 +211,14 @@ async fn consume<H: DeliveryHandler>(
         )
         .await?;
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
+    settings.health.set_consuming(true);
+    let watch = CancellationToken::new();
+    let dead_channel = conn.create_channel().await?;
+    tokio::spawn(watch_dead_letters(
+        dead_channel,
+        topology.dead.clone(),
+        watch.clone(),
+    ));
 
     let hard_stop = CancellationToken::new();
     let ctx = Arc::new(Context {
@@ -245,6 +262,9 @@ async fn consume<H: DeliveryHandler>(
             None => break Err(WorkerError::ConsumerCancelled),
         }
     };
+    // Draining or reconnecting: not ready for traffic.
+    settings.health.set_consuming(false);
+    watch.cancel();
     let grace = if result.is_ok() {
         settings.shutdown_grace
     } else {
@@ -290,4 +310,34 @@ async fn drain(
     hard_stop.cancel();
     // Nacks are quick; a dead connection makes them fail at once.
     let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+}
+
+/// How often the dead-letter count is read for the metrics.
+const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
+
+/// Sets the dead-letter gauge from a passive declare of the dead queue, now
+/// and every [`DEAD_LETTER_CHECK`], until `stop`. A failed read keeps the
+/// last value: the gauge is "at the last check".
+async fn watch_dead_letters(channel: lapin::Channel, queue: String, stop: CancellationToken) {
+    loop {
+        let passive = QueueDeclareOptions {
+            // Read the depth; never create or change the queue.
+            passive: true,
+            ..Default::default()
+        };
+        let declared = channel
+            .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+            .await;
+        match declared {
+            Ok(q) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(q.message_count())),
+            // A failed passive declare closes the channel; stop until the
+            // next session.
+            Err(_) => return,
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(DEAD_LETTER_CHECK) => {}
+        }
+    }
+    let _ = channel.close(200, "done".into()).await;
 }

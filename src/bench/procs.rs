@@ -59,6 +59,8 @@ impl Spawner {
             // The production log level plus the overhead trace, so the
             // measured worker pays for its per-attempt log line as usual.
             cmd.env("RUST_LOG", "info,lapin=off,redeliver::timing=debug")
+                // `read_timings` reads `key=value` text lines.
+                .env("REDELIVER_LOG_FORMAT", "pretty")
                 .env("NO_COLOR", "1")
                 .stderr(Stdio::piped());
         } else {

@@ -1,0 +1,150 @@
+//! `redeliver config check FILE` and `redeliver config show`.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context as _;
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+
+use crate::config::redact_url;
+use crate::config_file::{arg_id, known_keys, merged_matches, ConfigFile};
+
+/// Validates a file; the error names the line.
+pub fn check(path: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
+    let f = ConfigFile::load(path)?;
+    writeln!(
+        out,
+        "{}: ok ({} global settings, {} run settings, {} routes)",
+        path.display(),
+        f.global.len(),
+        f.run.len(),
+        f.routes.iter().count()
+    )?;
+    Ok(())
+}
+
+/// Prints what `run` would use, as TOML with each value's source. `argv`
+/// is this process's command line; `config show` is read as `run`.
+pub fn show(argv: Vec<OsString>, out: &mut dyn Write) -> anyhow::Result<()> {
+    let at = argv
+        .windows(2)
+        .rposition(|w| w[0] == "config" && w[1] == "show")
+        .context("`config show` not found on the command line")?;
+    let mut run_argv = argv;
+    run_argv.splice(at..at + 2, [OsString::from("run")]);
+    let (own, merged, file) = merged_matches(run_argv)?;
+    let file = file.unwrap_or_default();
+    writeln!(
+        out,
+        "# The settings of `redeliver run`: flags > env > file > defaults."
+    )?;
+    print_section(out, &own, &merged, &file, None)?;
+    let (Some(("run", own_run)), Some(("run", run))) = (own.subcommand(), merged.subcommand())
+    else {
+        return Ok(());
+    };
+    writeln!(out, "\n[run]")?;
+    print_section(out, own_run, run, &file, Some("run"))?;
+    for r in file.routes.iter() {
+        writeln!(out, "\n[[route]]\nurl-prefix = {}", quote(&r.url_prefix))?;
+        if let Some(s) = &r.secrets {
+            writeln!(out, "signing-secret = {}", redacted_list(s.len()))?;
+        }
+        if let Some(s) = &r.schedule {
+            let s: Vec<String> = s
+                .iter()
+                .map(|d| humantime::format_duration(*d).to_string())
+                .collect();
+            writeln!(out, "schedule = {}", quote(&s.join(",")))?;
+        }
+        if let Some(n) = r.max_attempts {
+            writeln!(out, "max-attempts = {n}")?;
+        }
+        if let Some(t) = r.timeout {
+            writeln!(
+                out,
+                "timeout = {}",
+                quote(&humantime::format_duration(t).to_string())
+            )?;
+        }
+        if let Some(b) = &r.success_body {
+            writeln!(out, "success-body = {}", quote(b))?;
+        }
+    }
+    Ok(())
+}
+
+fn print_section(
+    out: &mut dyn Write,
+    own: &ArgMatches,
+    merged: &ArgMatches,
+    file: &ConfigFile,
+    section: Option<&str>,
+) -> anyhow::Result<()> {
+    let in_file = if section.is_some() {
+        &file.run
+    } else {
+        &file.global
+    };
+    for key in known_keys(section) {
+        let Some(id) = arg_id(&key) else { continue };
+        let values: Vec<String> = match merged.get_raw(&id) {
+            Some(v) => v.map(|s| s.to_string_lossy().into_owned()).collect(),
+            None if key == "amqp-url" => {
+                let url = quote(&redact_url(crate::config::DEFAULT_AMQP_URL));
+                writeln!(out, "{key} = {url}  # default")?;
+                continue;
+            }
+            None => {
+                writeln!(out, "# {key} (unset)")?;
+                continue;
+            }
+        };
+        let source = match own.value_source(&id) {
+            Some(ValueSource::CommandLine) => "flag".to_string(),
+            Some(ValueSource::EnvVariable) => "env".to_string(),
+            _ => match in_file.iter().find(|s| s.key == key) {
+                Some(s) => format!("file, line {}", s.line),
+                None => "default".to_string(),
+            },
+        };
+        let value = match key.as_str() {
+            "amqp-url" => values
+                .iter()
+                .map(|v| quote(&redact_url(v)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            "signing-secret" => redacted_list(values.len()),
+            _ if values.len() == 1 => literal(&values[0]),
+            _ => format!(
+                "[{}]",
+                values
+                    .iter()
+                    .map(|v| literal(v))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        writeln!(out, "{key} = {value}  # {source}")?;
+    }
+    Ok(())
+}
+
+/// Numbers and booleans bare, everything else a TOML string.
+fn literal(v: &str) -> String {
+    if v.parse::<f64>().is_ok() || v == "true" || v == "false" {
+        v.to_string()
+    } else {
+        quote(v)
+    }
+}
+
+fn quote(v: &str) -> String {
+    toml_edit::Value::from(v).to_string().trim().to_string()
+}
+
+fn redacted_list(n: usize) -> String {
+    format!("[{}]", vec!["\"whsec_***\""; n].join(", "))
+}

@@ -1,0 +1,74 @@
+//! A config file's `[[route]]` table, checked key by key with its line.
+
+use toml_edit::{Item, Table, Value};
+
+use crate::config_file::{line_of, scalar};
+use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};
+use crate::routes::Route;
+use crate::signing::SigningSecret;
+
+const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body";
+
+/// The route of one table; an error carries the offending line, if known.
+pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
+    let mut r = Route::default();
+    for (key, item) in t.iter() {
+        let line = item.span().map(|s| line_of(text, s.start));
+        let err = |m: String| (line, format!("[[route]] `{key}`: {m}"));
+        let values = values(item).map_err(err)?;
+        let one = || match values.as_slice() {
+            [v] => Ok(v.clone()),
+            _ => Err(err("expected one value".into())),
+        };
+        match key {
+            "url-prefix" => r.url_prefix = url_prefix(&one()?).map_err(err)?,
+            "signing-secret" => {
+                let secrets = values.iter().map(|v| v.parse::<SigningSecret>());
+                let secrets = secrets.collect::<Result<Vec<_>, _>>();
+                r.secrets = Some(secrets.map_err(|e| err(e.to_string()))?);
+            }
+            "schedule" => {
+                let s = parse_schedule(&one()?).map_err(|e| err(e.to_string()))?;
+                if s.iter().any(|d| *d > MAX_DELAY) {
+                    return Err(err(
+                        "a delay is beyond the delayed exchange's limit (49 days)".into(),
+                    ));
+                }
+                r.schedule = Some(s);
+            }
+            "max-attempts" => {
+                let n = one()?.parse::<u64>().map_err(|e| err(e.to_string()))?;
+                r.max_attempts = Some(check_max_attempts(n).map_err(|e| err(e.to_string()))?);
+            }
+            "timeout" => r.timeout = Some(parse_duration(&one()?).map_err(|e| err(e.to_string()))?),
+            "success-body" => r.success_body = Some(one()?),
+            _ => {
+                return Err((
+                    line,
+                    format!("[[route]]: unknown setting `{key}` (known: {KEYS})"),
+                ))
+            }
+        }
+    }
+    if r.url_prefix.is_empty() {
+        let line = t.span().map(|s| line_of(text, s.start));
+        return Err((line, "[[route]] needs a `url-prefix`".into()));
+    }
+    Ok(r)
+}
+
+fn values(item: &Item) -> Result<Vec<String>, String> {
+    match item {
+        Item::Value(Value::Array(a)) => a.iter().map(scalar).collect(),
+        Item::Value(v) => scalar(v).map(|s| vec![s]),
+        _ => Err("expected a value".into()),
+    }
+}
+
+/// An http(s) URL prefix, so a typo does not silently match nothing.
+fn url_prefix(s: &str) -> Result<String, String> {
+    if !(s.starts_with("http://") || s.starts_with("https://")) {
+        return Err(format!("`{s}` must start with http:// or https://"));
+    }
+    Ok(s.to_string())
+}

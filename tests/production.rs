@@ -1,0 +1,292 @@
+//! Running it in production: Standard Webhooks signatures checked by an
+//! independent verifier, the admin endpoint, JSON logs, the config file and
+//! its per-URL routes. Real broker, real HTTP, the real binary where the
+//! user would use it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::harness::*;
+use common::receiver::{Receiver, Reply};
+use common::{broker_url, prefix};
+use redeliver::routes::{Route, Routes};
+use redeliver::signing::SigningSecret;
+use redeliver::HttpDeliverer;
+use serde_json::{json, Value};
+use standardwebhooks::Webhook;
+
+const S1: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const S2: &str = "whsec_c2Vjb25kLXNlY3JldC1mb3Itcm90YXRpb24tdGVzdHM=";
+const S3: &str = "whsec_cm91dGUtb25seS1zZWNyZXQtZm9yLXRoZS1wcmVmaXg=";
+
+fn secret(s: &str) -> SigningSecret {
+    s.parse().unwrap()
+}
+
+/// Every request verifies with the `standardwebhooks` crate under each of
+/// the worker's secrets (key rotation), the route's secret replaces them
+/// for its URLs, and a changed body no longer verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn signatures_verify_with_the_standard_webhooks_crate() {
+    let (url, p) = (broker_url(), prefix("sign"));
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let route = Route {
+        url_prefix: rx.url("/special"),
+        secrets: Some(vec![secret(S3)]),
+        ..Route::default()
+    };
+    let settings = schedule_settings("100ms", 3, 4);
+    let handler = HttpDeliverer::new(Duration::from_secs(5), 4)
+        .unwrap()
+        .with_signing(vec![secret(S1), secret(S2)], Routes::new(vec![route]));
+    let w = spawn_worker_with(&url, &p, settings, handler);
+    let body = json!({"order": 42, "note": "ünïcode"});
+    publish(
+        &url,
+        &p,
+        &[
+            json!({"url": rx.url("/plain"), "id": "plain-1", "body": body}),
+            json!({"url": rx.url("/special/x"), "id": "special-1", "body": body}),
+        ],
+    )
+    .await;
+    assert!(wait_until(Duration::from_secs(20), || rx.count() >= 2).await);
+    w.stop().await;
+    let reqs = rx.requests();
+    let verify = |path: &str, s: &str, body: &[u8]| {
+        let r = reqs.iter().find(|r| r.path.starts_with(path)).unwrap();
+        Webhook::new(s).unwrap().verify(body, &r.headers).is_ok()
+    };
+    let sent = |path: &str| {
+        reqs.iter()
+            .find(|r| r.path.starts_with(path))
+            .unwrap()
+            .body
+            .clone()
+    };
+    let plain = sent("/plain");
+    assert!(verify("/plain", S1, &plain), "old key must verify");
+    assert!(verify("/plain", S2, &plain), "new key must verify");
+    assert!(
+        !verify("/plain", S3, &plain),
+        "the route's key is not for /plain"
+    );
+    assert!(
+        !verify("/plain", S1, b"{\"order\":43}"),
+        "a changed body must fail"
+    );
+    let special = sent("/special");
+    assert!(verify("/special", S3, &special));
+    assert!(!verify("/special", S1, &special));
+    let signatures = |path: &str| {
+        let r = reqs.iter().find(|r| r.path.starts_with(path)).unwrap();
+        let sig = r.header("webhook-signature").unwrap();
+        sig.split(' ').filter(|s| s.starts_with("v1,")).count()
+    };
+    assert_eq!(signatures("/plain"), 2, "one signature per secret");
+    assert_eq!(signatures("/special"), 1);
+    cleanup(&url, &p).await;
+}
+
+/// A route's max attempts and success body apply to its URLs only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routes_override_policy_and_success_body() {
+    let (url, p) = (broker_url(), prefix("route"));
+    let rx = Receiver::start(|_| Reply::status(200).body("ok")).await;
+    let mut settings = schedule_settings("100ms", 5, 4);
+    settings.routes = Routes::new(vec![Route {
+        url_prefix: rx.url("/strict"),
+        max_attempts: Some(1),
+        success_body: Some("SUCCESS".into()),
+        ..Route::default()
+    }]);
+    let w = spawn_worker(&url, &p, settings);
+    publish(
+        &url,
+        &p,
+        &[
+            json!({"url": rx.url("/strict"), "id": "strict"}),
+            json!({"url": rx.url("/loose"), "id": "loose"}),
+        ],
+    )
+    .await;
+    let mut dead = vec![];
+    for _ in 0..100 {
+        dead.extend(drain_dead(&url, &p).await);
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w.stop().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].str(redeliver::state::H_DEAD_REASON).as_deref(),
+        Some("max-attempts")
+    );
+    let reqs = rx.requests();
+    assert_eq!(reqs.iter().filter(|r| r.path == "/strict").count(), 1);
+    assert_eq!(reqs.iter().filter(|r| r.path == "/loose").count(), 1);
+    cleanup(&url, &p).await;
+}
+
+/// A `redeliver run` child whose stderr lines are collected.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn start(amqp: &str, p: &str, args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_redeliver"))
+            .args(["--amqp-url", amqp, "--prefix", p, "run"])
+            .args(args)
+            .env_remove("REDELIVER_LOG_FORMAT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(vec![]));
+        let (err, l) = (child.stderr.take().unwrap(), lines.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// The JSON log objects so far; every line must be one (not a terminal).
+    fn json(&self) -> Vec<Value> {
+        let lines = self.lines.lock().unwrap().clone();
+        lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    async fn admin(&self) -> String {
+        for _ in 0..100 {
+            let found = self.json().into_iter().find_map(|v| {
+                let m = v["message"].as_str()?.starts_with("admin endpoint");
+                m.then(|| v["addr"].as_str().map(str::to_string)).flatten()
+            });
+            if let Some(a) = found {
+                return format!("http://{a}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no admin address logged: {:?}", self.lines.lock().unwrap());
+    }
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn ready(admin: &str) -> bool {
+    for _ in 0..100 {
+        if get(&format!("{admin}/readyz")).await.0 == 200 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// `/healthz`, `/readyz` and `/metrics` of a real worker process, and its
+/// JSON attempt lines with every field the issue names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_endpoint_metrics_and_json_logs() {
+    let (url, p) = (broker_url(), prefix("admin"));
+    let rx = Receiver::start(|r| Reply::status(if r.path == "/gone" { 410 } else { 200 })).await;
+    let mut w = Proc::start(
+        &url,
+        &p,
+        &["--admin-addr", "127.0.0.1:0", "--concurrency", "4"],
+    );
+    let admin = w.admin().await;
+    assert_eq!(get(&format!("{admin}/healthz")).await.0, 200);
+    assert!(ready(&admin).await, "not ready while consuming");
+    publish(
+        &url,
+        &p,
+        &[
+            json!({"url": rx.url("/ok"), "id": "m-ok"}),
+            json!({"url": rx.url("/gone"), "id": "m-gone"}),
+        ],
+    )
+    .await;
+    assert!(wait_until(Duration::from_secs(20), || rx.count() >= 2).await);
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = get(&format!("{admin}/metrics")).await.1;
+        if metrics.contains(r#"reason="permanent-status"} 1"#) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for needle in [
+        r#"redeliver_deliveries_total{outcome="success",reason=""} 1"#,
+        r#"redeliver_deliveries_total{outcome="dead",reason="permanent-status"} 1"#,
+        r#"redeliver_attempt_duration_seconds_bucket{le="0.005"}"#,
+        "redeliver_attempt_duration_seconds_count 2",
+        r#"redeliver_success_attempt_number_bucket{le="1"} 1"#,
+        "redeliver_in_flight 0",
+        "redeliver_concurrency_limit 4",
+        "redeliver_republish_confirms_pending 0",
+        "redeliver_reconnects_total 0",
+        "redeliver_dead_letters 0",
+        "# HELP redeliver_deliveries_total",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "{needle} missing from:\n{metrics}"
+        );
+    }
+    assert!(!metrics.contains("127.0.0.1"), "no URL or host in labels");
+    let attempts: Vec<Value> = w
+        .json()
+        .into_iter()
+        .filter(|v| v["message"] == "attempt")
+        .collect();
+    let ok = attempts
+        .iter()
+        .find(|v| v["id"] == "m-ok")
+        .expect("attempt line");
+    assert_eq!(ok["attempt"], 1);
+    assert_eq!(ok["host"], "127.0.0.1");
+    assert_eq!(ok["status"], 200);
+    assert_eq!(ok["outcome"], "delivered");
+    assert!(ok["duration_ms"].is_u64());
+    let gone = attempts.iter().find(|v| v["id"] == "m-gone").unwrap();
+    assert_eq!(gone["outcome"], "dead");
+    sigterm(&w.child);
+    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
+    cleanup(&url, &p).await;
+}
+
+/// Alive but not ready while the broker cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_without_a_broker() {
+    let mut w = Proc::start(
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        "t-noready",
+        &["--admin-addr", "127.0.0.1:0"],
+    );
+    let admin = w.admin().await;
+    assert_eq!(get(&format!("{admin}/healthz")).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(get(&format!("{admin}/readyz")).await.0, 503);
+    assert!(get(&format!("{admin}/metrics"))
+        .await
+        .1
+        .contains("redeliver_reconnects_total"));
+    let _ = w.child.kill();
+    let _ = w.child.wait();
+}
