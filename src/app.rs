@@ -82,27 +82,20 @@ pub async fn run(
     if let Some(path) = &g.config {
         settings.routes = crate::config_file::ConfigFile::load(path)?.routes;
     }
-    let secrets = signing_secrets(&args.signing_secret)?;
+    let secrets = crate::signing::parse_secrets(&args.signing_secret)?;
     let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
     let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
         .context("building the HTTP client")?
         .with_signing(secrets, settings.routes.clone());
+    // The admin endpoint outlives the worker's drain, so `/readyz` answers
+    // 503 (not "connection refused") while in-flight deliveries finish.
+    let admin_stop = CancellationToken::new();
+    let _stop_admin = admin_stop.clone().drop_guard();
     if let Some(addr) = &args.admin_addr {
-        crate::admin::spawn(addr, settings.health.clone(), shutdown.clone()).await?;
+        crate::admin::spawn(addr, settings.health.clone(), admin_stop).await?;
     }
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())
-}
-
-/// The error names which secret, never its value.
-fn signing_secrets(raw: &[String]) -> anyhow::Result<Vec<crate::signing::SigningSecret>> {
-    raw.iter()
-        .enumerate()
-        .map(|(i, s)| {
-            s.parse()
-                .with_context(|| format!("--signing-secret (secret {} of {})", i + 1, raw.len()))
-        })
-        .collect()
 }
 
 pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {

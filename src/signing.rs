@@ -82,6 +82,29 @@ pub fn signature_header(
     sigs.join(" ")
 }
 
+/// Parses `--signing-secret` values; an error says which one, never its
+/// value.
+pub fn parse_secrets(raw: &[String]) -> Result<Vec<SigningSecret>, BadSecret> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse().map_err(|error| BadSecret {
+                n: i + 1,
+                of: raw.len(),
+                error,
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("--signing-secret (secret {n} of {of}): {error}")]
+pub struct BadSecret {
+    n: usize,
+    of: usize,
+    error: SecretError,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -290,3 +290,25 @@ async fn readyz_is_503_without_a_broker() {
     let _ = w.child.kill();
     let _ = w.child.wait();
 }
+
+/// While draining after SIGTERM the endpoint still answers, with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_is_503_while_draining() {
+    let (url, p) = (broker_url(), prefix("drain"));
+    let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_secs(2))).await;
+    let mut w = Proc::start(&url, &p, &["--admin-addr", "127.0.0.1:0"]);
+    let admin = w.admin().await;
+    assert!(ready(&admin).await);
+    publish(&url, &p, &[json!({"url": rx.url("/slow"), "id": "slow"})]).await;
+    assert!(wait_until(Duration::from_secs(10), || rx.in_flight() == 1).await);
+    sigterm(&w.child);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get(&format!("{admin}/readyz")).await.0, 503);
+    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
+    assert_eq!(
+        queue_len(&url, &format!("{p}.work")).await,
+        0,
+        "drained and acked"
+    );
+    cleanup(&url, &p).await;
+}
