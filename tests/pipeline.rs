@@ -343,7 +343,8 @@ async fn two_processes_share_the_work() {
             std::fs::read_to_string(l)
                 .unwrap()
                 .lines()
-                .filter(|l| l.contains("outcome=\"delivered\""))
+                // JSON lines: stderr is a file, not a terminal.
+                .filter(|l| l.contains(r#""outcome":"delivered""#))
                 .count()
         })
         .collect();
