@@ -312,3 +312,54 @@ async fn readyz_is_503_while_draining() {
     );
     cleanup(&url, &p).await;
 }
+
+/// The binary with `--config`: the file's secret signs every request, its
+/// `[[route]]` secret replaces it for the route's URLs, and its route
+/// `max-attempts` applies: all through the CLI, as a user would set it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn config_file_secrets_and_routes_reach_the_worker() {
+    let (url, p) = (broker_url(), prefix("cfgrun"));
+    let rx = Receiver::start(|r| Reply::status(if r.path == "/fail" { 500 } else { 200 })).await;
+    let path = std::env::temp_dir().join(format!("{p}.toml"));
+    let toml = format!(
+        "[run]\nsigning-secret = \"{S1}\"\nschedule = \"100ms\"\nmax-attempts = 5\n\
+         [[route]]\nurl-prefix = \"{}\"\nsigning-secret = [\"{S3}\"]\n\
+         [[route]]\nurl-prefix = \"{}\"\nmax-attempts = 2\n",
+        rx.url("/special"),
+        rx.url("/fail")
+    );
+    std::fs::write(&path, toml).unwrap();
+    let cfg = path.to_str().unwrap();
+    let mut w = Proc::start(&url, &p, &["--config", cfg]);
+    publish(
+        &url,
+        &p,
+        &[
+            json!({"url": rx.url("/plain"), "id": "c-plain", "body": {"a": 1}}),
+            json!({"url": rx.url("/special"), "id": "c-special", "body": {"a": 2}}),
+            json!({"url": rx.url("/fail"), "id": "c-fail"}),
+        ],
+    )
+    .await;
+    let mut dead = vec![];
+    for _ in 0..100 {
+        dead.extend(drain_dead(&url, &p).await);
+        if !dead.is_empty() && rx.count() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sigterm(&w.child);
+    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
+    let _ = std::fs::remove_file(&path);
+    let reqs = rx.requests();
+    let verifies = |path: &str, s: &str| {
+        let r = reqs.iter().find(|r| r.path == path).unwrap();
+        Webhook::new(s).unwrap().verify(&r.body, &r.headers).is_ok()
+    };
+    assert!(verifies("/plain", S1) && !verifies("/plain", S3));
+    assert!(verifies("/special", S3) && !verifies("/special", S1));
+    assert_eq!(reqs.iter().filter(|r| r.path == "/fail").count(), 2);
+    assert_eq!(dead.len(), 1, "the route's max-attempts dead-letters it");
+    cleanup(&url, &p).await;
+}
