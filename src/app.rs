@@ -30,7 +30,7 @@ pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
         url: AmqpUrl::new(g.amqp_url.as_deref().unwrap_or(DEFAULT_AMQP_URL)),
         prefix: g.prefix.clone(),
         queue_type: g.queue_type,
-        delay: Default::default(),
+        delay: g.delay_backend,
     }
 }
 

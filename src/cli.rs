@@ -51,6 +51,16 @@ pub struct GlobalArgs {
         default_value = "quorum"
     )]
     pub queue_type: QueueType,
+    /// How retries wait: the x-delayed-message plugin, or a cascade of TTL
+    /// quorum queues that needs no plugin (RabbitMQ 4.3+, managed brokers).
+    #[arg(
+        long,
+        global = true,
+        env = "REDELIVER_DELAY_BACKEND",
+        value_enum,
+        default_value = "plugin"
+    )]
+    pub delay_backend: crate::delay::DelayBackend,
     /// TOML config file: the same settings under the flags' long names, and
     /// per-URL-prefix [[route]] overrides. Flags > env > file > defaults.
     #[arg(long, global = true, env = "REDELIVER_CONFIG", value_name = "FILE")]

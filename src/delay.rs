@@ -14,6 +14,9 @@ use crate::topology::{classify, Topology, TopologyError};
 pub struct DelayedRoute {
     pub exchange: String,
     pub routing_key: String,
+    /// Whether to publish `mandatory`: an unroutable copy is then an error,
+    /// not a silent drop. The plugin cannot use it (see [`DelayBackend::route`]).
+    pub mandatory: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -21,6 +24,9 @@ pub enum DelayBackend {
     /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
     #[default]
     Plugin,
+    /// A cascade of TTL quorum queues ([`crate::cascade`]): no plugin, for
+    /// RabbitMQ 4.3+ and managed brokers.
+    Cascade,
 }
 
 impl DelayBackend {
@@ -45,8 +51,18 @@ impl DelayBackend {
                     args,
                 )
                 .await
-                .map_err(|e| classify("exchange", &t.retry, e))
+                .map_err(|e| classify("exchange", &t.retry, e))?;
+                // Due messages route to the work queue by its name.
+                t.bind(ch, &t.retry, &t.work).await
             }
+            DelayBackend::Cascade => crate::cascade::declare(ch, t).await,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DelayBackend::Plugin => "plugin",
+            DelayBackend::Cascade => "cascade",
         }
     }
 
@@ -62,6 +78,18 @@ impl DelayBackend {
                 DelayedRoute {
                     exchange: t.retry.clone(),
                     routing_key: t.work.clone(),
+                    mandatory: false,
+                }
+            }
+            DelayBackend::Cascade => {
+                // The delay is in the routing key; x-delay is set too, so
+                // a copy reads the same whichever backend carried it.
+                headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
+                let (exchange, routing_key) = crate::cascade::entry(t, delay_ms);
+                DelayedRoute {
+                    exchange,
+                    routing_key,
+                    mandatory: true,
                 }
             }
         }

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod app;
 pub mod bench;
+pub mod cascade;
 pub mod cli;
 pub mod config;
 pub mod config_cmd;

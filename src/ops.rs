@@ -236,6 +236,21 @@ pub async fn status(
         "delay backend  {}: x-delayed-message {avail}",
         s.delay_backend
     )?;
+    if let Some(n) = s.plugin_delayed {
+        writeln!(out, "plugin holds   {n} delayed messages for this prefix")?;
+    }
+    if !s.cascade.is_empty() {
+        let waiting: u64 = s.cascade.iter().map(|l| u64::from(l.messages)).sum();
+        writeln!(
+            out,
+            "cascade        {waiting} waiting in {} levels",
+            s.cascade.len()
+        )?;
+        for l in s.cascade.iter().filter(|l| l.messages > 0) {
+            let ttl = humantime::format_duration(std::time::Duration::from_millis(l.ttl_ms));
+            writeln!(out, "  level {:>2} ({ttl:>11})  {}", l.level, l.messages)?;
+        }
+    }
     Ok(s)
 }
 

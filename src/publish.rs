@@ -130,8 +130,14 @@ impl Publisher {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
         let route = self.delay.route(&self.topology, ms, headers);
         let props = republish_properties(&props, std::mem::take(headers));
-        self.confirmed(&route.exchange, &route.routing_key, false, payload, props)
-            .await
+        self.confirmed(
+            &route.exchange,
+            &route.routing_key,
+            route.mandatory,
+            payload,
+            props,
+        )
+        .await
     }
 
     /// Publishes to the dead-letter queue (default exchange, mandatory, so a
@@ -185,10 +191,33 @@ impl Publisher {
     }
 }
 
+/// Removes `x-death` and `x-first-death-*`/`x-last-death-*`. The cascade
+/// delay backend dead-letters a message through its levels, and the broker
+/// records each hop there. A copy that kept them would look like a
+/// dead-lettering cycle on its next delay through a level it passed before,
+/// and the broker would never hand it on (RabbitMQ's cycle detection).
+pub fn strip_death_headers(headers: &mut FieldTable) {
+    let is_death = |k: &str| {
+        k == "x-death" || k.starts_with("x-first-death-") || k.starts_with("x-last-death-")
+    };
+    if headers.inner().keys().any(|k| is_death(k.as_str())) {
+        // FieldTable has no remove: rebuild it without them.
+        let mut kept = FieldTable::default();
+        for (k, v) in headers.inner() {
+            if !is_death(k.as_str()) {
+                kept.insert(k.clone(), v.clone());
+            }
+        }
+        *headers = kept;
+    }
+}
+
 /// The properties of a republished copy: the original's, minus what would
 /// make the broker drop or refuse it (`expiration`, `user-id` of another
-/// user), persistent, and with the given headers.
-pub fn republish_properties(orig: &BasicProperties, headers: FieldTable) -> BasicProperties {
+/// user), persistent, and with the given headers, less the broker's own
+/// dead-lettering record (see [`strip_death_headers`]).
+pub fn republish_properties(orig: &BasicProperties, mut headers: FieldTable) -> BasicProperties {
+    strip_death_headers(&mut headers);
     let mut p = BasicProperties::default()
         .with_headers(headers)
         .with_delivery_mode(2);

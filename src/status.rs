@@ -7,7 +7,6 @@ use lapin::types::FieldTable;
 use serde::Serialize;
 
 use crate::config::{AmqpUrl, BrokerSettings};
-use crate::delay::DelayBackend;
 use crate::topology::Topology;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -30,6 +29,21 @@ pub struct Status {
     pub delay_backend: &'static str,
     /// Whether the broker has the `x-delayed-message` exchange type.
     pub retry_exchange_type_available: bool,
+    /// Messages the plugin still holds for this prefix (`messages_delayed`
+    /// of the retry exchange, from the management API); `None` when not
+    /// asked, not reachable, or not reported.
+    pub plugin_delayed: Option<u64>,
+    /// The cascade's levels that exist, with the messages waiting in each
+    /// (whichever backend is selected, so a migration can be watched).
+    pub cascade: Vec<LevelStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LevelStatus {
+    pub level: u32,
+    /// How long each message waits at this level: 2^level ms.
+    pub ttl_ms: u64,
+    pub messages: u32,
 }
 
 pub async fn status(
@@ -40,20 +54,33 @@ pub async fn status(
     let conn = broker.url.connect("redeliver status").await?;
     let mut work = queue(&conn, &t.work).await?;
     let mut dead = queue(&conn, &t.dead).await?;
+    let mut cascade = vec![];
+    for k in 0..crate::cascade::LEVELS {
+        let q = queue(&conn, &crate::cascade::level(&t, k)).await?;
+        if q.exists {
+            cascade.push(LevelStatus {
+                level: k,
+                ttl_ms: 1 << k,
+                messages: q.ready,
+            });
+        }
+    }
     let _ = conn.close(200, "status done".into()).await;
+    let mut plugin_delayed = None;
     if let Some(m) = management_url {
-        work.unacked = unacked(m, &broker.url, &t.work).await;
-        dead.unacked = unacked(m, &broker.url, &t.dead).await;
+        work.unacked = api_u64(m, &broker.url, "queues", &t.work, "messages_unacknowledged").await;
+        dead.unacked = api_u64(m, &broker.url, "queues", &t.dead, "messages_unacknowledged").await;
+        plugin_delayed = api_u64(m, &broker.url, "exchanges", &t.retry, "messages_delayed").await;
     }
     Ok(Status {
         prefix: broker.prefix.clone(),
         broker: broker.url.redacted(),
         work,
         dead,
-        delay_backend: match broker.delay {
-            DelayBackend::Plugin => "plugin",
-        },
+        delay_backend: broker.delay.as_str(),
         retry_exchange_type_available: delayed_type_available(&broker.url, &broker.prefix).await,
+        plugin_delayed,
+        cascade,
     })
 }
 
@@ -129,10 +156,16 @@ pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
     ok
 }
 
-/// `messages_unacknowledged` from the management API, or `None`. The API
-/// samples queues every `collect_statistics_interval` (5 s by default), so
-/// this figure can lag by that much.
-async fn unacked(management_url: &str, amqp: &AmqpUrl, queue: &str) -> Option<u64> {
+/// A number from the management API's view of a queue or exchange
+/// (`kind`), or `None`. The API samples every `collect_statistics_interval`
+/// (5 s by default), so the figure can lag by that much.
+async fn api_u64(
+    management_url: &str,
+    amqp: &AmqpUrl,
+    kind: &str,
+    name: &str,
+    field: &str,
+) -> Option<u64> {
     let u = url::Url::parse(amqp.expose()).ok()?;
     // The AMQP path is the percent-encoded vhost, as the API wants it.
     let vhost = match u.path().trim_start_matches('/') {
@@ -148,9 +181,9 @@ async fn unacked(management_url: &str, amqp: &AmqpUrl, queue: &str) -> Option<u6
     let user = percent_decode(user);
     let pass = percent_decode(pass);
     let endpoint = format!(
-        "{}/api/queues/{vhost}/{}",
+        "{}/api/{kind}/{vhost}/{}",
         management_url.trim_end_matches('/'),
-        url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
+        url::form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
     );
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
@@ -163,7 +196,7 @@ async fn unacked(management_url: &str, amqp: &AmqpUrl, queue: &str) -> Option<u6
         .await
         .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
-    v.get("messages_unacknowledged")?.as_u64()
+    v.get(field)?.as_u64()
 }
 
 fn percent_decode(s: &str) -> String {

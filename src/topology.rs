@@ -46,7 +46,8 @@ pub enum TopologyError {
         "the broker has no `x-delayed-message` exchange type: enable the \
          rabbitmq_delayed_message_exchange plugin \
          (`rabbitmq-plugins enable rabbitmq_delayed_message_exchange`), \
-         or for development start the local broker with `tests/broker/ctl up`"
+         or use the plugin-free `--delay-backend cascade`; for development, \
+         `tests/broker/ctl up` starts a local broker with it"
     )]
     DelayedExchangeMissing,
     #[error("{what} {name:?} exists with different settings ({detail}); delete it or use another --prefix")]
@@ -95,7 +96,6 @@ impl Topology {
         )
         .await
         .map_err(|e| classify("exchange", &self.intake, e))?;
-        delay.declare(ch, self).await?;
         let q = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -111,7 +111,7 @@ impl Topology {
             .await
             .map_err(|e| classify("queue", &self.dead, e))?;
         self.bind(ch, &self.intake, "").await?;
-        self.bind(ch, &self.retry, &self.work).await?;
+        delay.declare(ch, self).await?;
         let _ = ch.close(200, "topology declared".into()).await;
         Ok(())
     }
@@ -120,11 +120,15 @@ impl Topology {
     /// throwaway prefixes such as the benchmark's).
     pub async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
-        for q in [&self.work, &self.dead] {
+        // Both backends' names: deleting what does not exist is a no-op.
+        let (mut queues, mut exchanges) = crate::cascade::names(self);
+        queues.extend([self.work.clone(), self.dead.clone()]);
+        exchanges.extend([self.intake.clone(), self.retry.clone()]);
+        for q in queues {
             ch.queue_delete(q.as_str().into(), Default::default())
                 .await?;
         }
-        for x in [&self.intake, &self.retry] {
+        for x in exchanges {
             ch.exchange_delete(x.as_str().into(), Default::default())
                 .await?;
         }
@@ -132,7 +136,12 @@ impl Topology {
         Ok(())
     }
 
-    async fn bind(&self, ch: &Channel, exchange: &str, key: &str) -> Result<(), TopologyError> {
+    pub(crate) async fn bind(
+        &self,
+        ch: &Channel,
+        exchange: &str,
+        key: &str,
+    ) -> Result<(), TopologyError> {
         ch.queue_bind(
             self.work.as_str().into(),
             exchange.into(),

@@ -1,5 +1,6 @@
 //! Dead-letter operations through the CLI, against the real broker.
 
+#[macro_use]
 mod common;
 
 use std::collections::HashSet;
@@ -7,8 +8,9 @@ use std::time::Duration;
 
 use common::harness::*;
 use common::receiver::{Receiver, Reply};
-use common::{broker_url, prefix};
+use common::{broker_url, prefix_on, url_for};
 use lapin::types::{AMQPValue, FieldTable};
+use redeliver::delay::DelayBackend;
 use redeliver::state::*;
 
 /// A dead letter as a worker would have written it.
@@ -56,9 +58,8 @@ fn fixture(rx: &str) -> Vec<(Vec<u8>, FieldTable)> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_leaves_the_queue_identical() {
-    let (url, p) = (broker_url(), prefix("list"));
+async fn list_leaves_the_queue_identical(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("list", backend));
     let items = fixture("http://127.0.0.1:9");
     publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
     let table = stdout(&cli(&url, &p, &["dlq", "list"]));
@@ -97,9 +98,8 @@ async fn list_leaves_the_queue_identical() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn filters_select_correctly() {
-    let (url, p) = (broker_url(), prefix("filter"));
+async fn filters_select_correctly(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("filter", backend));
     publish_to_queue(
         &url,
         &p,
@@ -156,9 +156,8 @@ async fn filters_select_correctly() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn replay_one_then_all_delivers_and_removes() {
-    let (url, p) = (broker_url(), prefix("replay"));
+async fn replay_one_then_all_delivers_and_removes(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("replay", backend));
     let rx = Receiver::start(|_| Reply::status(200)).await;
     publish_to_queue(&url, &p, &format!("{p}.dead"), &fixture(&rx.base)).await;
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
@@ -196,9 +195,8 @@ async fn replay_one_then_all_delivers_and_removes() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn export_then_publish_file_round_trips() {
-    let (url, p) = (broker_url(), prefix("export"));
+async fn export_then_publish_file_round_trips(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("export", backend));
     let items = fixture("http://127.0.0.1:9");
     publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
     let file = std::env::temp_dir().join(format!("{p}.jsonl"));
@@ -234,9 +232,10 @@ async fn export_then_publish_file_round_trips() {
     cleanup(&url, &p).await;
 }
 
+/// On the test node, whose rabbitmqctl and management API it compares with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_counts_match_the_broker() {
-    let (url, p) = (broker_url(), prefix("status"));
+    let (url, p) = (broker_url(), common::prefix("status"));
     publish_to_queue(
         &url,
         &p,
@@ -345,9 +344,8 @@ async fn status_counts_match_the_broker() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_replay_midway_loses_nothing() {
-    let (url, p) = (broker_url(), prefix("killreplay"));
+async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("killreplay", backend));
     let items: Vec<_> = (0..3000)
         .map(|i| {
             dead(
@@ -361,6 +359,7 @@ async fn killing_replay_midway_loses_nothing() {
     publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
         .args(["--amqp-url", &url, "--prefix", &p, "dlq", "replay", "--all"])
+        .args(["--delay-backend", backend.as_str()])
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -459,9 +458,8 @@ async fn demo_runs_to_completion_and_cleans_up() {
 
 /// An id-less producer's notification keeps a stable id through export and
 /// re-import; an invalid dead letter is skipped on re-import, not fatal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones() {
-    let (url, p) = (broker_url(), prefix("idless"));
+async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("idless", backend));
     let body = br#"{"url":"http://127.0.0.1:9/x"}"#.to_vec();
     let derived = redeliver::message::derived_id(&body);
     let items = vec![
@@ -486,3 +484,12 @@ async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones() {
     let _ = std::fs::remove_file(&file);
     cleanup(&url, &p).await;
 }
+
+both_backends!(
+    list_leaves_the_queue_identical,
+    filters_select_correctly,
+    replay_one_then_all_delivers_and_removes,
+    export_then_publish_file_round_trips,
+    killing_replay_midway_loses_nothing,
+    export_keeps_ids_of_idless_producers_and_skips_invalid_ones,
+);

@@ -1,5 +1,6 @@
 //! The delivery pipeline end to end: real broker node, real HTTP receivers.
 
+#[macro_use]
 mod common;
 
 use std::collections::{HashMap, HashSet};
@@ -7,15 +8,15 @@ use std::time::Duration;
 
 use common::harness::*;
 use common::receiver::{Receiver, Reply};
-use common::{broker_url, prefix};
+use common::{prefix, prefix_on, url_for};
+use redeliver::delay::DelayBackend;
 use redeliver::state::*;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn first_time_success_is_delivered_once() {
-    let (url, p) = (broker_url(), prefix("ok"));
+async fn first_time_success_is_delivered_once(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("ok", backend));
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
     let text = format!(
@@ -50,9 +51,8 @@ async fn first_time_success_is_delivered_once() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fails_twice_then_succeeds_on_schedule_with_a_stable_id() {
-    let (url, p) = (broker_url(), prefix("twice"));
+async fn fails_twice_then_succeeds_on_schedule_with_a_stable_id(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("twice", backend));
     let rx = Receiver::start(|r| {
         if r.nth <= 2 {
             Reply::status(500)
@@ -95,9 +95,8 @@ async fn fails_twice_then_succeeds_on_schedule_with_a_stable_id() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn always_failing_is_dead_lettered_after_max_attempts() {
-    let (url, p) = (broker_url(), prefix("dead"));
+async fn always_failing_is_dead_lettered_after_max_attempts(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("dead", backend));
     let rx = Receiver::start(|_| Reply::status(503).body("down")).await;
     let w = spawn_worker(&url, &p, schedule_settings("200ms", 3, 4));
     let ids = publish(
@@ -133,9 +132,8 @@ async fn always_failing_is_dead_lettered_after_max_attempts() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn permanent_status_is_dead_after_one_attempt() {
-    let (url, p) = (broker_url(), prefix("gone"));
+async fn permanent_status_is_dead_after_one_attempt(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("gone", backend));
     let rx = Receiver::start(|_| Reply::status(410)).await;
     let w = spawn_worker(&url, &p, schedule_settings("100ms", 5, 4));
     publish(&url, &p, &[json!({"url": rx.url("/")})]).await;
@@ -164,9 +162,8 @@ async fn wait_until_async_dead(url: &str, p: &str) -> bool {
     false
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn success_body_mismatch_counts_as_failure() {
-    let (url, p) = (broker_url(), prefix("sbody"));
+async fn success_body_mismatch_counts_as_failure(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("sbody", backend));
     let rx =
         Receiver::start(|r| Reply::status(200).body(if r.nth == 1 { "ok" } else { " success\n" }))
             .await;
@@ -188,9 +185,8 @@ async fn success_body_mismatch_counts_as_failure() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn retry_after_is_honoured() {
-    let (url, p) = (broker_url(), prefix("ra"));
+async fn retry_after_is_honoured(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("ra", backend));
     let rx = Receiver::start(|r| {
         if r.nth == 1 {
             Reply::status(429).header("Retry-After", "2")
@@ -219,9 +215,8 @@ async fn retry_after_is_honoured() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrency_is_bounded_and_reached() {
-    let (url, p) = (broker_url(), prefix("conc"));
+async fn concurrency_is_bounded_and_reached(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("conc", backend));
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(200))).await;
     let batch: Vec<_> = (0..200)
         .map(|i| json!({"url": rx.url("/"), "body": i}))
@@ -237,9 +232,8 @@ async fn concurrency_is_bounded_and_reached() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn invalid_messages_are_dead_lettered_with_their_bytes() {
-    let (url, p) = (broker_url(), prefix("invalid"));
+async fn invalid_messages_are_dead_lettered_with_their_bytes(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("invalid", backend));
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let bad: Vec<&[u8]> = vec![
         b"not json",
@@ -290,15 +284,15 @@ async fn invalid_messages_are_dead_lettered_with_their_bytes() {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_processes_share_the_work() {
-    let (url, p) = (broker_url(), prefix("two"));
+async fn two_processes_share_the_work(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("two", backend));
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(5))).await;
     let logs: Vec<_> = (0..2)
         .map(|i| std::env::temp_dir().join(format!("{p}-{i}.log")))
         .collect();
     let spawn = |log: &std::path::PathBuf| {
         std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
+            .args(["--delay-backend", backend.as_str()])
             .args([
                 "--amqp-url",
                 &url,
@@ -395,9 +389,8 @@ async fn missing_plugin_is_one_clear_sentence() {
 /// With the dead-letter queue deleted under a running worker, the worker
 /// does not hammer the receiver: it backs off, reconnects, re-declares the
 /// topology and then dead-letters the notification.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_missing_dead_letter_queue_is_redeclared_not_hammered() {
-    let (url, p) = (broker_url(), prefix("nodead"));
+async fn a_missing_dead_letter_queue_is_redeclared_not_hammered(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("nodead", backend));
     // The receiver answers 410 (dead-letter at once) after 1 s, time enough
     // to delete the dead-letter queue while the first attempt is under way.
     let rx = Receiver::start(|_| Reply::status(410).delay(Duration::from_secs(1))).await;
@@ -428,3 +421,16 @@ async fn a_missing_dead_letter_queue_is_redeclared_not_hammered() {
     );
     cleanup(&url, &p).await;
 }
+
+both_backends!(
+    first_time_success_is_delivered_once,
+    fails_twice_then_succeeds_on_schedule_with_a_stable_id,
+    always_failing_is_dead_lettered_after_max_attempts,
+    permanent_status_is_dead_after_one_attempt,
+    success_body_mismatch_counts_as_failure,
+    retry_after_is_honoured,
+    concurrency_is_bounded_and_reached,
+    invalid_messages_are_dead_lettered_with_their_bytes,
+    two_processes_share_the_work,
+    a_missing_dead_letter_queue_is_redeclared_not_hammered,
+);

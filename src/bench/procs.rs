@@ -50,6 +50,8 @@ impl Spawner {
             .args(["--prefix", prefix])
             .arg("--queue-type")
             .arg(self.broker.queue_type.as_str())
+            .arg("--delay-backend")
+            .arg(self.broker.delay.as_str())
             .arg("run")
             .args(args)
             .stdin(Stdio::null())

@@ -35,7 +35,7 @@ pub fn broker(url: &str, prefix: &str) -> BrokerSettings {
         url: AmqpUrl::new(url),
         prefix: prefix.into(),
         queue_type: QueueType::Quorum,
-        delay: Default::default(),
+        delay: super::backend_of(prefix),
     }
 }
 
@@ -176,12 +176,15 @@ pub async fn cleanup(url: &str, prefix: &str) {
     let t = Topology::new(prefix);
     let conn = AmqpUrl::new(url).connect("test cleanup").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    for q in [&t.work, &t.dead] {
+    let (mut queues, mut exchanges) = redeliver::cascade::names(&t);
+    queues.extend([t.work.clone(), t.dead.clone()]);
+    exchanges.extend([t.intake.clone(), t.retry.clone()]);
+    for q in &queues {
         let _ = ch
             .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
             .await;
     }
-    for x in [&t.intake, &t.retry] {
+    for x in &exchanges {
         let _ = ch
             .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
             .await;
@@ -234,6 +237,7 @@ async fn publish_confirmed(
 pub fn cli(url: &str, prefix: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
         .args(["--amqp-url", url, "--prefix", prefix])
+        .args(["--delay-backend", super::backend_of(prefix).as_str()])
         .args(args)
         .output()
         .expect("run redeliver")

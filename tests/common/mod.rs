@@ -7,6 +7,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use lapin::{Connection, ConnectionProperties};
+use redeliver::delay::DelayBackend;
 
 /// Port of the shared test node (see `tests/broker/ctl`).
 pub fn default_port() -> u16 {
@@ -100,6 +101,61 @@ impl Drop for DownWhenLast {
             let _ = std::panic::catch_unwind(|| ctl(port, &["down"]));
         }
     }
+}
+
+/// Which delay backend each test prefix runs on (see [`prefix_on`]): the
+/// harness reads it, so a test body is written once for both backends.
+static BACKENDS: std::sync::Mutex<Vec<(String, DelayBackend)>> = std::sync::Mutex::new(Vec::new());
+
+/// A fresh prefix whose worker, publishes and CLI calls use `backend`.
+pub fn prefix_on(test: &str, backend: DelayBackend) -> String {
+    let p = prefix(&format!("{}-{test}", backend.as_str()));
+    if let Ok(mut b) = BACKENDS.lock() {
+        b.push((p.clone(), backend));
+    }
+    p
+}
+
+/// The backend a prefix was made for; the plugin for plain [`prefix`]es.
+pub fn backend_of(prefix: &str) -> DelayBackend {
+    BACKENDS
+        .lock()
+        .ok()
+        .and_then(|b| b.iter().find(|(p, _)| p == prefix).map(|(_, d)| *d))
+        .unwrap_or_default()
+}
+
+/// The broker a backend's tests run on: the cascade needs no plugin, so it
+/// runs on the plain system broker, which has none.
+pub fn url_for(backend: DelayBackend) -> String {
+    match backend {
+        DelayBackend::Plugin => broker_url(),
+        DelayBackend::Cascade => plain_broker_url(),
+    }
+}
+
+/// Runs each `async fn NAME(DelayBackend)` as two tests, `plugin::NAME` and
+/// `cascade::NAME`: one body, both backends.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod plugin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(redeliver::delay::DelayBackend::Plugin).await
+                }
+            )*
+        }
+        mod cascade {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(redeliver::delay::DelayBackend::Cascade).await
+                }
+            )*
+        }
+    };
 }
 
 pub mod chaos;

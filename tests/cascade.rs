@@ -1,0 +1,230 @@
+//! The plugin-free delay backend: delay accuracy by hop count, crash
+//! safety under a broker `kill -9`, isolation between prefixes, and
+//! `status` per level. It runs on brokers without any plugin: the plain
+//! system broker, or a private node.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::delayed::OwnNode;
+use common::harness::*;
+use common::receiver::{Receiver, Reply};
+use common::{plain_broker_url, prefix_on};
+use futures_util::StreamExt;
+use redeliver::config::BrokerSettings;
+use redeliver::delay::DelayBackend;
+use redeliver::publish::{prepare, Publisher};
+use serde_json::json;
+
+const CASCADE: DelayBackend = DelayBackend::Cascade;
+
+/// Publishes `delays` through the library (each notification's id is its
+/// index), returning when each publish started.
+async fn publish_delayed(b: &BrokerSettings, delays: &[Duration]) -> Vec<Instant> {
+    let conn = b.url.connect("cascade test").await.unwrap();
+    let t = b.declare_topology(&conn).await.unwrap();
+    let p = Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut started = vec![];
+    for (i, d) in delays.iter().enumerate() {
+        let n = prepare(
+            &json!({"url": "http://127.0.0.1:9/", "id": i.to_string()}).to_string(),
+            1 << 20,
+        )
+        .unwrap();
+        started.push(Instant::now());
+        p.publish_new(&n, Some(*d)).await.unwrap();
+    }
+    let _ = conn.close(200, "".into()).await;
+    started
+}
+
+/// Takes `n` distinct ids off the work queue (acking), with arrival times.
+async fn collect_work(b: &BrokerSettings, n: usize, within: Duration) -> BTreeMap<usize, Instant> {
+    let conn = b.url.connect("cascade consumer").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.basic_qos(500, Default::default()).await.unwrap();
+    let queue = format!("{}.work", b.prefix);
+    let mut c = ch
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let mut seen = BTreeMap::new();
+    let deadline = Instant::now() + within;
+    while seen.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(Ok(d))) = tokio::time::timeout(left, c.next()).await else {
+            break;
+        };
+        let at = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(&d.data).unwrap();
+        let id: usize = v["id"].as_str().unwrap().parse().unwrap();
+        seen.entry(id).or_insert(at);
+        d.acker.ack(Default::default()).await.unwrap();
+    }
+    let _ = conn.close(200, "".into()).await;
+    seen
+}
+
+/// 1,000 delays over 1 ms … 20 s, exact powers of two and 2^k − 1 among
+/// them: none arrives early; lateness by the number of levels waited in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delays_are_never_early_and_lateness_by_hops_is_reported() {
+    let (url, p) = (plain_broker_url(), prefix_on("accuracy", CASCADE));
+    let b = broker(&url, &p);
+    let mut ms: Vec<u64> = (0..15)
+        .flat_map(|k| [1u64 << k, (1u64 << k) - 1])
+        .filter(|&m| m >= 1)
+        .collect();
+    let mut x: u64 = 0x9E37_79B9;
+    while ms.len() < 1000 {
+        // A fixed pseudo-random spread (xorshift), log-uniform-ish.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let top = 1 + x % 15;
+        ms.push(1 + x % (1u64 << top).min(20_000));
+    }
+    let delays: Vec<Duration> = ms.iter().map(|&m| Duration::from_millis(m)).collect();
+    // The consumer runs before the first publish, so arrival is arrival.
+    let conn = b.url.connect("declare").await.unwrap();
+    b.declare_topology(&conn).await.unwrap();
+    let _ = conn.close(200, "".into()).await;
+    let (b2, n) = (b.clone(), delays.len());
+    let collector =
+        tokio::spawn(async move { collect_work(&b2, n, Duration::from_secs(60)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = publish_delayed(&b, &delays).await;
+    let seen = collector.await.unwrap();
+    cleanup(&url, &p).await;
+    assert_eq!(seen.len(), delays.len(), "every delayed message arrived");
+    let mut by_hops: BTreeMap<u32, Vec<i128>> = BTreeMap::new();
+    let mut early = vec![];
+    for (i, at) in &seen {
+        let late = at.duration_since(started[*i]).as_micros() as i128 - (ms[*i] as i128) * 1000;
+        if late < 0 {
+            early.push((ms[*i], late));
+        }
+        by_hops.entry(ms[*i].count_ones()).or_default().push(late);
+    }
+    println!("cascade lateness by levels waited in (set bits of the delay):");
+    for (hops, l) in &mut by_hops {
+        l.sort();
+        let q = |f: f64| l[((l.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+        println!(
+            "  {hops:>2} levels: n={:<4} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            l.len(),
+            q(0.5),
+            q(0.99),
+            q(1.0)
+        );
+    }
+    assert!(
+        early.is_empty(),
+        "delivered early (delay ms, µs): {early:?}"
+    );
+}
+
+/// 2,000 messages held in the cascade survive a broker `kill -9`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cascade_survives_a_broker_kill() {
+    let (node, url) = OwnNode::up(5692).await;
+    let p = prefix_on("crash", CASCADE);
+    let b = broker(&url, &p);
+    let delays: Vec<Duration> = (0..2000)
+        .map(|i| Duration::from_millis(3000 + (i % 500) * 7))
+        .collect();
+    publish_delayed(&b, &delays).await;
+    node.ctl(&["kill"]).await;
+    node.ctl(&["up"]).await;
+    let seen = collect_work(&b, delays.len(), Duration::from_secs(90)).await;
+    node.down().await;
+    let missing: Vec<usize> = (0..delays.len())
+        .filter(|i| !seen.contains_key(i))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+}
+
+/// Two prefixes on one broker: each worker sees only its own retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prefixes_do_not_receive_each_others_retries() {
+    let url = plain_broker_url();
+    let (pa, pb) = (prefix_on("iso-a", CASCADE), prefix_on("iso-b", CASCADE));
+    let fail_once =
+        |r: &common::receiver::Recorded| Reply::status(if r.nth == 1 { 500 } else { 200 });
+    let (ra, rb) = (
+        Receiver::start(fail_once).await,
+        Receiver::start(fail_once).await,
+    );
+    let wa = spawn_worker(&url, &pa, schedule_settings("50ms,120ms", 3, 8));
+    let wb = spawn_worker(&url, &pb, schedule_settings("70ms,90ms", 3, 8));
+    let batch = |rx: &Receiver, tag: &str| -> Vec<serde_json::Value> {
+        (0..50)
+            .map(|i| json!({"url": rx.url("/"), "id": format!("{tag}-{i}")}))
+            .collect()
+    };
+    publish(&url, &pa, &batch(&ra, "a")).await;
+    publish(&url, &pb, &batch(&rb, "b")).await;
+    let done = wait_until(Duration::from_secs(30), || {
+        ra.count() >= 100 && rb.count() >= 100
+    })
+    .await;
+    wa.stop().await;
+    wb.stop().await;
+    assert!(done, "a saw {}, b saw {}", ra.count(), rb.count());
+    let ids = |rx: &Receiver| rx.requests().iter().map(|r| r.id()).collect::<HashSet<_>>();
+    assert!(ids(&ra).iter().all(|i| i.starts_with("a-")) && ids(&ra).len() == 50);
+    assert!(ids(&rb).iter().all(|i| i.starts_with("b-")) && ids(&rb).len() == 50);
+    cleanup(&url, &pa).await;
+    cleanup(&url, &pb).await;
+}
+
+/// `status` shows how many messages wait at each level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_messages_per_level() {
+    let (url, p) = (plain_broker_url(), prefix_on("levels", CASCADE));
+    let b = broker(&url, &p);
+    // 10 s: highest bit 13 (8192 ms), so it waits at level 13 first.
+    publish_delayed(&b, &[Duration::from_secs(10), Duration::from_secs(10)]).await;
+    let s: serde_json::Value =
+        serde_json::from_str(&stdout(&cli(&url, &p, &["status", "--json"]))).unwrap();
+    assert_eq!(s["delay_backend"], "cascade");
+    let levels = s["cascade"].as_array().unwrap();
+    assert_eq!(levels.len(), 32);
+    let l13 = levels.iter().find(|l| l["level"] == 13).unwrap();
+    assert_eq!(l13["messages"], 2, "{s}");
+    assert_eq!(l13["ttl_ms"], 8192);
+    let text = stdout(&cli(&url, &p, &["status"]));
+    assert!(
+        text.contains("cascade        2 waiting in 32 levels"),
+        "{text}"
+    );
+    cleanup(&url, &p).await;
+}
+
+/// Without the plugin, the error names the cascade as the alternative.
+#[test]
+fn missing_plugin_error_names_the_cascade() {
+    let p = common::prefix("hint");
+    let o = cli(
+        &plain_broker_url(),
+        &p,
+        &["publish", "--url", "http://127.0.0.1:9/", "--delay", "1s"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--delay-backend cascade"), "{err}");
+}
