@@ -100,8 +100,8 @@ pub enum ConfigCommand {
         file: PathBuf,
     },
     /// The settings `run` would use (flags > env > --config file > defaults),
-    /// with where each comes from; secrets redacted.
-    Show,
+    /// with where each comes from; secrets redacted. Takes `run`'s flags.
+    Show(Box<RunArgs>),
 }
 
 #[derive(Debug, Subcommand)]

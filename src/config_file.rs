@@ -117,6 +117,14 @@ impl ConfigFile {
                     .push(setting(key, item, line).map_err(|m| at(line, m))?),
             }
         }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = routes.iter().find(|r| !seen.insert(r.url_prefix.clone())) {
+            let m = format!(
+                "two [[route]] tables have the url-prefix {}",
+                dup.url_prefix
+            );
+            return Err(at(1, m));
+        }
         file.routes = Routes::new(routes);
         file.check().map_err(|(line, m)| at(line, m))?;
         Ok(file)
@@ -152,27 +160,88 @@ impl ConfigFile {
                 let flags = argv.drain(1..argv.len() - 1).collect::<Vec<_>>();
                 argv.extend(flags);
             }
-            if let Err(e) = Cli::try_parse_from_checked(argv) {
+            check_kind(s).map_err(|m| (s.line, format!("`{}`: {m}", s.key)))?;
+            if let Err(e) = without_env().try_get_matches_from(argv) {
                 return Err((
                     s.line,
                     format!("`{}`: {}", s.key, first_line(&e.to_string())),
                 ));
             }
             if s.key == "signing-secret" {
-                for v in &s.values {
+                for v in s.values.iter().flat_map(|v| v.split(',')) {
                     v.parse::<crate::signing::SigningSecret>()
                         .map_err(|e| (s.line, format!("`signing-secret`: {e}")))?;
                 }
+            }
+        }
+        self.check_together()
+    }
+
+    /// The settings together: conflicts between them (`schedule` with
+    /// `jitter`), and what `run` itself refuses (a prefetch below the
+    /// concurrency, an impossible policy). The error names the line of the
+    /// setting it is about, or else of the first `[run]` setting.
+    fn check_together(&self) -> Result<(), (usize, String)> {
+        let mut argv: Vec<OsString> = vec!["redeliver".into()];
+        argv.extend(self.global.iter().flat_map(args_of));
+        argv.push("run".into());
+        argv.extend(self.run.iter().flat_map(args_of));
+        let all: Vec<&Setting> = self.global.iter().chain(&self.run).collect();
+        let line_for = |msg: &str| {
+            let named = all.iter().filter(|s| msg.contains(&format!("--{}", s.key)));
+            named
+                .map(|s| s.line)
+                .max()
+                .or(self.run.first().map(|s| s.line))
+                .unwrap_or(1)
+        };
+        let matches = without_env().try_get_matches_from(argv).map_err(|e| {
+            let m = first_line(&e.to_string()).to_string();
+            (line_for(&m), m)
+        })?;
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+            .map_err(|e| (1, e.to_string()))?;
+        if let crate::cli::Command::Run(a) = &cli.command {
+            if let Err(e) = crate::app::worker_settings(a) {
+                let m = format!("{e:#}");
+                return Err((line_for(&m), m));
             }
         }
         Ok(())
     }
 }
 
-impl Cli {
-    /// `try_parse_from` without clap's exit on `--help`.
-    fn try_parse_from_checked(argv: Vec<OsString>) -> Result<Cli, clap::Error> {
-        <Cli as clap::Parser>::try_parse_from(argv)
+/// The CLI without its environment variables: a file is checked on its
+/// own, whatever `REDELIVER_*` this shell has set.
+fn without_env() -> clap::Command {
+    fn strip(c: clap::Command) -> clap::Command {
+        c.mut_args(|a| a.env(clap::builder::Resettable::Reset))
+    }
+    let mut cmd = strip(Cli::command());
+    let subs: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in subs {
+        cmd = cmd.mut_subcommand(name, strip);
+    }
+    cmd
+}
+
+/// A switch (`deny-private`) takes `true` or `false`; anything else takes a
+/// value, not a boolean.
+fn check_kind(s: &Setting) -> Result<(), String> {
+    let cmd = Cli::command();
+    let arg = cmd
+        .get_arguments()
+        .chain(cmd.get_subcommands().flat_map(|c| c.get_arguments()))
+        .find(|a| a.get_long() == Some(s.key.as_str()));
+    let switch = arg.is_some_and(|a| matches!(a.get_action(), clap::ArgAction::SetTrue));
+    let boolean = s.values.iter().all(|v| v == "true" || v == "false");
+    match (switch, boolean) {
+        (true, false) => Err("expects true or false".into()),
+        (false, true) => Err("expects a value, not true or false".into()),
+        _ => Ok(()),
     }
 }
 
@@ -268,7 +337,15 @@ pub fn merged_matches(
     argv: Vec<OsString>,
 ) -> Result<(ArgMatches, ArgMatches, Option<ConfigFile>), clap::Error> {
     let matches = Cli::command().try_get_matches_from(&argv)?;
-    let path = matches.get_one::<PathBuf>("config").cloned();
+    // `config check FILE` checks its own file, whatever --config says.
+    let checking = matches!(
+        matches.subcommand(),
+        Some(("config", c)) if c.subcommand_name() == Some("check")
+    );
+    let path = matches
+        .get_one::<PathBuf>("config")
+        .cloned()
+        .filter(|_| !checking);
     let file = match path {
         Some(p) => Some(
             ConfigFile::load(&p)
@@ -293,12 +370,21 @@ pub fn merged_matches(
 
 /// The file's flags for the settings still at their defaults.
 fn unset(m: &ArgMatches, settings: &[Setting]) -> Vec<OsString> {
+    let given = |id: &str| {
+        matches!(
+            m.try_get_raw(id).ok().flatten().and(m.value_source(id)),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
     settings
         .iter()
         .filter(|s| {
             let source = arg_id(&s.key).and_then(|id| m.value_source(&id));
             matches!(source, None | Some(ValueSource::DefaultValue))
         })
+        // A file `schedule` yields to a flag or env `--jitter`, and the
+        // other way round: the higher layer wins instead of conflicting.
+        .filter(|s| !conflicts_of(&s.key).iter().any(|id| given(id)))
         .flat_map(args_of)
         .collect()
 }
@@ -312,4 +398,20 @@ pub(crate) fn arg_id(long: &str) -> Option<String> {
         .find(|a| a.get_long() == Some(long))
         .map(|a| a.get_id().to_string());
     found
+}
+
+/// The ids of the flags that conflict with the flag `long` (in `run`).
+fn conflicts_of(long: &str) -> Vec<String> {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let Some(run) = cmd.find_subcommand("run") else {
+        return vec![];
+    };
+    let Some(arg) = run.get_arguments().find(|a| a.get_long() == Some(long)) else {
+        return vec![];
+    };
+    run.get_arg_conflicts_with(arg)
+        .iter()
+        .map(|a| a.get_id().to_string())
+        .collect()
 }

@@ -65,10 +65,15 @@ fn values(item: &Item) -> Result<Vec<String>, String> {
     }
 }
 
-/// An http(s) URL prefix, so a typo does not silently match nothing.
+/// An http(s) URL with a host, so a typo does not silently match nothing.
+/// Kept normalised (lower-case host, no default port) for `config show`.
 fn url_prefix(s: &str) -> Result<String, String> {
     if !(s.starts_with("http://") || s.starts_with("https://")) {
         return Err(format!("`{s}` must start with http:// or https://"));
     }
-    Ok(s.to_string())
+    let u = url::Url::parse(s).map_err(|e| format!("`{s}`: {e}"))?;
+    if u.host_str().is_none() || u.query().is_some() || u.fragment().is_some() {
+        return Err(format!("`{s}` must be scheme://host[:port][/path]"));
+    }
+    Ok(u.to_string())
 }

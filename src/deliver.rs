@@ -126,7 +126,7 @@ impl DeliveryHandler for HttpDeliverer {
                 error: b.to_string(),
             };
         }
-        let route = self.signing.routes.find(n.url.as_str());
+        let route = self.signing.routes.find(&n.url);
         let secrets = route
             .and_then(|r| r.secrets.as_deref())
             .unwrap_or(&self.signing.secrets);

@@ -35,7 +35,7 @@ async fn main() {
         Command::Demo => app::demo(g).await,
         Command::Bench(a) => app::bench(g, a, out).await,
         Command::Config(ConfigCommand::Check { file }) => config_cmd::check(file, out),
-        Command::Config(ConfigCommand::Show) => config_cmd::show(argv, out),
+        Command::Config(ConfigCommand::Show(_)) => config_cmd::show(argv, out),
     };
     if let Err(e) = result {
         if app::is_broken_pipe(&e) {

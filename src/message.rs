@@ -151,8 +151,13 @@ fn check_id(id: &str) -> Result<String, InvalidMessage> {
             "must be 1..={MAX_ID_LEN} bytes"
         )));
     }
-    if id.chars().any(|c| c.is_control()) {
-        return Err(InvalidMessage::BadId("contains control characters".into()));
+    // It is sent as the `webhook-id` header and signed: receivers' HTTP
+    // stacks and Standard Webhooks verifiers read header values as visible
+    // ASCII, and trim spaces.
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(InvalidMessage::BadId(
+            "must be visible ASCII (no spaces, control or non-ASCII characters)".into(),
+        ));
     }
     Ok(id.to_string())
 }

@@ -94,10 +94,13 @@ fn bad_input_is_invalid_not_a_panic() {
         err(br#"{"url":"http://a/","schedule":["-5s"]}"#),
         InvalidMessage::Policy(_)
     ));
-    assert!(matches!(
-        err(br#"{"url":"http://a/","id":""}"#),
-        InvalidMessage::BadId(_)
-    ));
+    for bad in ["\"\"", "\"café\"", "\"a b\"", "\"a\\tb\""] {
+        let json = format!(r#"{{"url":"http://a/","id":{bad}}}"#);
+        assert!(
+            matches!(err(json.as_bytes()), InvalidMessage::BadId(_)),
+            "{bad}"
+        );
+    }
     let big = format!(r#"{{"url":"http://a/","body":"{}"}}"#, "x".repeat(200));
     assert!(matches!(
         decode(big.as_bytes(), 100, None),

@@ -216,7 +216,7 @@ async fn attempt<H: DeliveryHandler>(
         end: Instant::now(),
     };
     let duration_ms = span.end.duration_since(started).as_millis() as u64;
-    let route = ctx.settings.routes.find(n.url.as_str());
+    let route = ctx.settings.routes.find(&n.url);
     let success_body = n
         .success_body
         .as_deref()

@@ -30,8 +30,13 @@ impl Routes {
         Routes(routes)
     }
 
-    pub fn find(&self, url: &str) -> Option<&Route> {
-        self.0.iter().find(|r| url.starts_with(&r.url_prefix))
+    /// The route of the longest prefix matching `url`: the same scheme,
+    /// host and port (as parsed, so `HTTPS://Pay.example.com:443` is
+    /// `https://pay.example.com`), and a path that starts with the
+    /// prefix's. A prefix never matches another host that merely starts
+    /// with its text (`pay.example.com.evil.net`).
+    pub fn find(&self, url: &url::Url) -> Option<&Route> {
+        self.0.iter().find(|r| matches(&r.url_prefix, url))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -41,6 +46,16 @@ impl Routes {
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.0.iter()
     }
+}
+
+fn matches(prefix: &str, url: &url::Url) -> bool {
+    let Ok(p) = url::Url::parse(prefix) else {
+        return false;
+    };
+    p.scheme() == url.scheme()
+        && p.host_str() == url.host_str()
+        && p.port_or_known_default() == url.port_or_known_default()
+        && url.path().starts_with(p.path())
 }
 
 #[cfg(test)]
@@ -62,10 +77,21 @@ mod tests {
             route("https://pay.example.com/wechat/", 2),
             route("https://other.example.com/", 3),
         ]);
-        let hit = |u: &str| r.find(u).and_then(|r| r.max_attempts);
+        let hit = |u: &str| r.find(&u.parse().unwrap()).and_then(|r| r.max_attempts);
         assert_eq!(hit("https://pay.example.com/wechat/notify"), Some(2));
         assert_eq!(hit("https://pay.example.com/alipay"), Some(1));
+        assert_eq!(hit("https://PAY.example.com:443/alipay"), Some(1));
         assert_eq!(hit("https://pay.example.org/"), None);
         assert_eq!(hit("http://pay.example.com/"), None);
+        assert_eq!(hit("https://pay.example.com:8443/"), None);
+    }
+
+    #[test]
+    fn a_prefix_without_a_path_does_not_match_a_longer_host() {
+        let r = Routes::new(vec![route("https://pay.example.com", 1)]);
+        let hit = |u: &str| r.find(&u.parse().unwrap()).is_some();
+        assert!(hit("https://pay.example.com/x"));
+        assert!(!hit("https://pay.example.com.evil.net/x"));
+        assert!(!hit("https://pay.example.community/x"));
     }
 }

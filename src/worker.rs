@@ -39,6 +39,8 @@ pub enum WorkerError {
         "republishing failed (unroutable or unconfirmed); reconnecting to re-declare the topology"
     )]
     RepublishFailing,
+    #[error("the broker connection was lost")]
+    ConnectionLost,
     #[error("concurrency must be at least 1")]
     Concurrency,
     #[error("invalid broker URL {url}: {reason}")]
@@ -211,12 +213,22 @@ async fn consume<H: DeliveryHandler>(
         )
         .await?;
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
-    settings.health.set_consuming(true);
     let watch = CancellationToken::new();
     let dead_channel = conn.create_channel().await?;
     tokio::spawn(watch_dead_letters(
         dead_channel,
         topology.dead.clone(),
+        watch.clone(),
+    ));
+    // Ready only now that every channel is open; not ready the moment the
+    // connection drops, even while every slot is busy and the loop below
+    // is not reading the consumer.
+    settings.health.set_consuming(true);
+    let lost = CancellationToken::new();
+    tokio::spawn(watch_connection(
+        conn.status().clone(),
+        settings.health.clone(),
+        lost.clone(),
         watch.clone(),
     ));
 
@@ -232,6 +244,7 @@ async fn consume<H: DeliveryHandler>(
     let result = loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
+            _ = lost.cancelled() => break Err(WorkerError::ConnectionLost),
             p = semaphore.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break Ok(()),
@@ -340,4 +353,25 @@ async fn watch_dead_letters(channel: lapin::Channel, queue: String, stop: Cancel
         }
     }
     let _ = channel.close(200, "done".into()).await;
+}
+
+/// Marks the worker not ready, and the session lost, as soon as the
+/// connection is no longer up (checked every 250 ms), until `stop`.
+async fn watch_connection(
+    status: lapin::ConnectionStatus,
+    health: crate::telemetry::Health,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        if !status.connected() {
+            health.set_consuming(false);
+            lost.cancel();
+            return;
+        }
+    }
 }

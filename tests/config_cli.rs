@@ -78,6 +78,19 @@ fn check_names_the_line_of_each_kind_of_error() {
             ":2:",
             "http://",
         ),
+        (
+            "[run]\nschedule = \"1s\"\njitter = \"full\"\n",
+            ":3:",
+            "cannot be used with",
+        ),
+        (
+            "[run]\nconcurrency = 8\nprefetch = 4\n",
+            ":3:",
+            "below --concurrency",
+        ),
+        ("[run]\nmax-attempts = 0\n", ":2:", "max attempts"),
+        ("[run]\nconcurrency = true\n", ":2:", "not true or false"),
+        ("[run]\ndeny-private = \"yes\"\n", ":2:", "true or false"),
     ];
     for (toml, line, msg) in cases {
         let f = file(toml);
@@ -165,4 +178,37 @@ fn a_bad_signing_secret_is_refused_without_echoing_it() {
         !out.contains("very-secret") && !err.contains("very-secret"),
         "{err}"
     );
+}
+
+/// A higher layer wins over a conflicting file setting instead of failing,
+/// and `config check` ignores this shell's REDELIVER_* variables.
+#[test]
+fn flags_and_env_override_conflicting_file_settings() {
+    let f = file("[run]\nschedule = \"15s,30s\"\n");
+    let o = redeliver(
+        &[
+            "--config",
+            f.path(),
+            "config",
+            "show",
+            "--initial-delay",
+            "5s",
+        ],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("initial-delay = \"5s\"  # flag"), "{out}");
+    assert!(out.contains("# schedule (unset)"), "{out}");
+    let o = redeliver(
+        &["--config", f.path(), "config", "show"],
+        &[("REDELIVER_JITTER", "full")],
+    );
+    assert!(o.status.success(), "{}", text(&o).1);
+    let env = [
+        ("REDELIVER_CONCURRENCY", "abc"),
+        ("REDELIVER_CONFIG", "/nonexistent.toml"),
+    ];
+    let o = redeliver(&["config", "check", f.path()], &env);
+    assert!(o.status.success(), "{}", text(&o).1);
 }
