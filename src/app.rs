@@ -77,7 +77,7 @@ pub async fn run(
     args: &RunArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut settings = worker_settings(args)?;
+    let mut settings = worker_settings(args, g.delay_backend)?;
     // Already checked when the command line was parsed; read for its routes.
     if let Some(path) = &g.config {
         settings.routes = crate::config_file::ConfigFile::load(path)?.routes;
@@ -98,7 +98,12 @@ pub async fn run(
     Ok(())
 }
 
-pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
+/// `backend` picks the default `--retry-settle`: only the plugin confirms
+/// before its disk write.
+pub fn worker_settings(
+    args: &RunArgs,
+    backend: crate::delay::DelayBackend,
+) -> anyhow::Result<WorkerSettings> {
     let policy = retry_policy(&args.policy)?;
     let concurrency = usize::from(args.concurrency);
     let prefetch = args.prefetch.map(usize::from);
@@ -118,7 +123,10 @@ pub fn worker_settings(args: &RunArgs) -> anyhow::Result<WorkerSettings> {
         max_message_bytes: args.max_message_bytes,
         confirm_timeout: args.confirm_timeout,
         shutdown_grace: args.shutdown_grace,
-        retry_settle: args.retry_settle,
+        retry_settle: args.retry_settle.unwrap_or(match backend {
+            crate::delay::DelayBackend::Plugin => crate::config::DEFAULT_RETRY_SETTLE,
+            crate::delay::DelayBackend::Cascade => Duration::ZERO,
+        }),
         ..WorkerSettings::default()
     })
 }

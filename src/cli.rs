@@ -271,8 +271,10 @@ pub struct RunArgs {
     /// confirmed. The upstream delayed-message plugin confirms before its
     /// disk write (a broker kill -9 within ~1.5 s loses the copy); until the
     /// ack, the broker would redeliver the original instead. 0s turns it off.
-    #[arg(long, env = "REDELIVER_RETRY_SETTLE", default_value = "2s", value_parser = duration)]
-    pub retry_settle: Duration,
+    /// [default: 2s with --delay-backend plugin; 0s with cascade, which
+    /// confirms only what is on disk]
+    #[arg(long, env = "REDELIVER_RETRY_SETTLE", value_parser = duration)]
+    pub retry_settle: Option<Duration>,
     /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g.
     /// 127.0.0.1:9464 (port 0 picks one and logs it). Off by default.
     #[arg(long, env = "REDELIVER_ADMIN_ADDR", value_name = "ADDR")]

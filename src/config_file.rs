@@ -202,7 +202,7 @@ impl ConfigFile {
         let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
             .map_err(|e| (1, e.to_string()))?;
         if let crate::cli::Command::Run(a) = &cli.command {
-            if let Err(e) = crate::app::worker_settings(a) {
+            if let Err(e) = crate::app::worker_settings(a, cli.global.delay_backend) {
                 let m = format!("{e:#}");
                 return Err((line_for(&m), m));
             }

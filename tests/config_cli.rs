@@ -130,7 +130,10 @@ fn show_applies_flags_then_env_then_file_then_defaults() {
     assert!(out.contains("concurrency = 9  # env"), "{out}");
     assert!(out.contains("prefetch = 700  # file, line 5"), "{out}");
     assert!(out.contains("timeout = \"4s\"  # env"), "{out}");
-    assert!(out.contains("retry-settle = \"2s\"  # default"), "{out}");
+    assert!(
+        out.contains("confirm-timeout = \"30s\"  # default"),
+        "{out}"
+    );
     assert!(
         out.contains("url-prefix = \"https://pay.example.com/\""),
         "{out}"
@@ -211,4 +214,25 @@ fn flags_and_env_override_conflicting_file_settings() {
     ];
     let o = redeliver(&["config", "check", f.path()], &env);
     assert!(o.status.success(), "{}", text(&o).1);
+}
+
+/// Only the plugin confirms before its disk write, so only it gets a
+/// settle by default.
+#[test]
+fn retry_settle_defaults_by_delay_backend() {
+    use clap::Parser;
+    use std::time::Duration;
+    let settle = |args: &[&str]| {
+        let cli = redeliver::cli::Cli::try_parse_from(args).unwrap();
+        let redeliver::cli::Command::Run(a) = &cli.command else {
+            panic!("not run")
+        };
+        let s = redeliver::app::worker_settings(a, cli.global.delay_backend).unwrap();
+        s.retry_settle
+    };
+    assert_eq!(settle(&["redeliver", "run"]), Duration::from_secs(2));
+    let cascade = ["redeliver", "--delay-backend", "cascade", "run"];
+    assert_eq!(settle(&cascade), Duration::ZERO);
+    let explicit = [&cascade[..], &["--retry-settle", "1s"]].concat();
+    assert_eq!(settle(&explicit), Duration::from_secs(1));
 }

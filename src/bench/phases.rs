@@ -296,8 +296,9 @@ impl Bench {
         let n = self.sizes.retry_n;
         // With the settle on, held originals fill the prefetch room, so
         // the rate is low: fewer notifications keep the phase short.
-        let default = self.retry_run(n.min(RETRY_SETTLE_N), None).await?;
-        let name = "successes, default --retry-settle 2s";
+        // Explicit: 2 s is the plugin backend's default, not the cascade's.
+        let default = self.retry_run(n.min(RETRY_SETTLE_N), Some("2s")).await?;
+        let name = "successes, --retry-settle 2s (plugin default)";
         self.push(p, name, Some(default), "msg/s");
         let ratio = self.e2e_per_s.map(|e| default / e);
         self.push_target(
