@@ -82,13 +82,12 @@ impl DelayBackend {
                 }
             }
             DelayBackend::Cascade => {
-                // The delay is in the routing key; x-delay is set too, so
-                // a copy reads the same whichever backend carried it.
+                // The delay is in the digit headers; x-delay is set too,
+                // so a copy reads the same whichever backend carried it.
                 headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
-                let (exchange, routing_key) = crate::cascade::entry(t, delay_ms);
                 DelayedRoute {
-                    exchange,
-                    routing_key,
+                    exchange: crate::cascade::entry(t, delay_ms, headers),
+                    routing_key: String::new(),
                     mandatory: true,
                 }
             }

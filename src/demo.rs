@@ -6,12 +6,12 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AttemptEvent, BrokerSettings, WorkerSettings};
 use crate::dead_letter::Filter;
+use crate::delay::DelayBackend;
 use crate::deliver::HttpDeliverer;
 use crate::dlq::{walk, Op};
 use crate::policy::{parse_schedule, Backoff, RetryPolicy};
@@ -132,7 +132,7 @@ async fn run(
     }
     stop.cancel();
     worker.await.context("worker task")??;
-    summary(out, &conn, &topology, &t, total).await?;
+    summary(out, &conn, (&topology, b.delay), &t, total).await?;
     let _ = conn.close(200, "demo done".into()).await;
     Ok(())
 }
@@ -182,7 +182,7 @@ fn progress(
 async fn summary(
     out: &mut impl Write,
     conn: &lapin::Connection,
-    topology: &Topology,
+    (topology, delay): (&Topology, DelayBackend),
     t: &Tally,
     total: usize,
 ) -> anyhow::Result<()> {
@@ -201,11 +201,18 @@ async fn summary(
     .await?;
     io?;
     let reasons = |r| t.dead_reasons.get(r).copied().unwrap_or(0);
+    let waited = match delay {
+        DelayBackend::Plugin => format!("republished to {} with an x-delay", topology.retry),
+        DelayBackend::Cascade => format!(
+            "republished into the delay cascade ({}.cascade.*, TTL quorum queues) for a delay",
+            topology.prefix
+        ),
+    };
     writeln!(
         out,
         "\nWhat happened: {total} notifications were published. {} were delivered on the first attempt. {} more \
          were delivered after retries: flaky receivers answered 500 and slow ones timed out, and each failure was \
-         republished to {} with an x-delay from the schedule ({SCHEDULE}). The original was acked only after the \
+         {waited} from the schedule ({SCHEDULE}). The original was acked only after the \
          broker confirmed the copy. {} were dead-lettered: {} because the receiver answered 410 Gone (a permanent \
          status, no retry) and {} because it failed all {MAX_ATTEMPTS} attempts. Dead letters keep their attempt \
          history in headers. Operators inspect them with `redeliver dlq list/show`, and replay (`dlq replay`) or \
@@ -213,7 +220,6 @@ async fn summary(
          receivers can deduplicate.",
         t.first_try,
         t.delivered.saturating_sub(t.first_try),
-        topology.retry,
         t.dead,
         reasons("permanent-status"),
         reasons("max-attempts"),
@@ -221,18 +227,10 @@ async fn summary(
     Ok(())
 }
 
+/// Deletes the demo's prefix: both backends' queues and exchanges.
 async fn cleanup(b: &BrokerSettings) -> anyhow::Result<()> {
-    let t = Topology::new(&b.prefix);
     let conn = b.url.connect("redeliver demo cleanup").await?;
-    let ch = conn.create_channel().await?;
-    for q in [&t.work, &t.dead] {
-        ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await?;
-    }
-    for x in [&t.intake, &t.retry] {
-        ch.exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-            .await?;
-    }
+    Topology::new(&b.prefix).delete(&conn).await?;
     let _ = conn.close(200, "".into()).await;
     Ok(())
 }

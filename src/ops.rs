@@ -226,10 +226,12 @@ pub async fn status(
             writeln!(out, "{:<14} not declared yet", q.name)?;
         }
     }
-    let avail = if s.retry_exchange_type_available {
-        "available"
-    } else {
-        "MISSING (enable rabbitmq_delayed_message_exchange)"
+    // With the cascade the plugin only matters while it still holds
+    // messages from before a migration, so its absence is no alarm.
+    let avail = match (s.retry_exchange_type_available, s.delay_backend) {
+        (true, _) => "available",
+        (false, "cascade") => "not installed (not needed by the cascade)",
+        (false, _) => "MISSING (enable rabbitmq_delayed_message_exchange)",
     };
     writeln!(
         out,
@@ -243,12 +245,13 @@ pub async fn status(
         let waiting: u64 = s.cascade.iter().map(|l| u64::from(l.messages)).sum();
         writeln!(
             out,
-            "cascade        {waiting} waiting in {} levels",
+            "cascade        {waiting} waiting in {} queues",
             s.cascade.len()
         )?;
         for l in s.cascade.iter().filter(|l| l.messages > 0) {
-            let ttl = humantime::format_duration(std::time::Duration::from_millis(l.ttl_ms));
-            writeln!(out, "  level {:>2} ({ttl:>11})  {}", l.level, l.messages)?;
+            let ttl =
+                humantime::format_duration(std::time::Duration::from_millis(l.ttl_ms)).to_string();
+            writeln!(out, "  {:<40} ({ttl:>11})  {}", l.queue, l.messages)?;
         }
     }
     Ok(s)

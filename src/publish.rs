@@ -192,24 +192,29 @@ impl Publisher {
 }
 
 /// Removes `x-death` and `x-first-death-*`/`x-last-death-*`. The cascade
-/// delay backend dead-letters a message through its levels, and the broker
+/// delay backend dead-letters a message through its queues, and the broker
 /// records each hop there. A copy that kept them would look like a
-/// dead-lettering cycle on its next delay through a level it passed before,
+/// dead-lettering cycle on its next delay through a queue it passed before,
 /// and the broker would never hand it on (RabbitMQ's cycle detection).
 pub fn strip_death_headers(headers: &mut FieldTable) {
-    let is_death = |k: &str| {
-        k == "x-death" || k.starts_with("x-first-death-") || k.starts_with("x-last-death-")
-    };
-    if headers.inner().keys().any(|k| is_death(k.as_str())) {
-        // FieldTable has no remove: rebuild it without them.
-        let mut kept = FieldTable::default();
-        for (k, v) in headers.inner() {
-            if !is_death(k.as_str()) {
-                kept.insert(k.clone(), v.clone());
-            }
-        }
-        *headers = kept;
+    retain_headers(headers, |k| {
+        !(k == "x-death" || k.starts_with("x-first-death-") || k.starts_with("x-last-death-"))
+    });
+}
+
+/// Keeps only the headers whose name passes `keep`.
+pub fn retain_headers(headers: &mut FieldTable, keep: impl Fn(&str) -> bool) {
+    if headers.inner().keys().all(|k| keep(k.as_str())) {
+        return;
     }
+    // FieldTable has no remove: rebuild it without them.
+    let mut kept = FieldTable::default();
+    for (k, v) in headers.inner() {
+        if keep(k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    *headers = kept;
 }
 
 /// The properties of a republished copy: the original's, minus what would

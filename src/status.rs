@@ -33,15 +33,18 @@ pub struct Status {
     /// of the retry exchange, from the management API); `None` when not
     /// asked, not reachable, or not reported.
     pub plugin_delayed: Option<u64>,
-    /// The cascade's levels that exist, with the messages waiting in each
+    /// The cascade's queues that exist, with the messages waiting in each
     /// (whichever backend is selected, so a migration can be watched).
     pub cascade: Vec<LevelStatus>,
 }
 
+/// One queue of the cascade: stage `stage`, digit `digit`.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct LevelStatus {
-    pub level: u32,
-    /// How long each message waits at this level: 2^level ms.
+    pub queue: String,
+    pub stage: u32,
+    pub digit: u32,
+    /// How long each message waits in this queue: digit × 16^stage ms.
     pub ttl_ms: u64,
     pub messages: u32,
 }
@@ -55,12 +58,14 @@ pub async fn status(
     let mut work = queue(&conn, &t.work).await?;
     let mut dead = queue(&conn, &t.dead).await?;
     let mut cascade = vec![];
-    for k in 0..crate::cascade::LEVELS {
-        let q = queue(&conn, &crate::cascade::level(&t, k)).await?;
+    for (stage, digit, name) in crate::cascade::queues(&t) {
+        let q = queue(&conn, &name).await?;
         if q.exists {
             cascade.push(LevelStatus {
-                level: k,
-                ttl_ms: 1 << k,
+                queue: name,
+                stage,
+                digit,
+                ttl_ms: crate::cascade::ttl_ms(stage, digit),
                 messages: q.ready,
             });
         }

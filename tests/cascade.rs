@@ -1,7 +1,8 @@
 //! The plugin-free delay backend: delay accuracy by hop count, crash
 //! safety under a broker `kill -9`, isolation between prefixes, and
-//! `status` per level. It runs on brokers without any plugin: the plain
-//! system broker, or a private node.
+//! `status` per queue. The cascade needs no plugin: the status test runs
+//! on the plain system broker, the others on the test node or a private
+//! node (see `common::url_for` for why).
 
 mod common;
 
@@ -75,24 +76,43 @@ async fn collect_work(b: &BrokerSettings, n: usize, within: Duration) -> BTreeMa
 }
 
 /// 1,000 delays over 1 ms … 20 s, exact powers of two and 2^k − 1 among
-/// them: none arrives early; lateness by the number of levels waited in.
+/// them, through the cascade: none arrives early. Prints the lateness of
+/// delays ≤ 1 s and > 1 s, and by the number of queues waited in (the
+/// delay's non-zero hexadecimal digits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delays_are_never_early_and_lateness_by_hops_is_reported() {
-    let (url, p) = (plain_broker_url(), prefix_on("accuracy", CASCADE));
-    let b = broker(&url, &p);
+    accuracy(CASCADE).await
+}
+
+/// The same 1,000 delays through the plugin (the test node's stand-in), so
+/// the two backends' printed figures compare like for like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugin_lateness_for_the_same_delays() {
+    accuracy(DelayBackend::Plugin).await
+}
+
+/// The accuracy test's delays: a fixed pseudo-random, log-uniform-ish
+/// spread (xorshift) over 1 ms … 20 s, with 2^k and 2^k − 1 for k < 15.
+fn accuracy_delays() -> Vec<u64> {
     let mut ms: Vec<u64> = (0..15)
         .flat_map(|k| [1u64 << k, (1u64 << k) - 1])
         .filter(|&m| m >= 1)
         .collect();
     let mut x: u64 = 0x9E37_79B9;
     while ms.len() < 1000 {
-        // A fixed pseudo-random spread (xorshift), log-uniform-ish.
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let top = 1 + x % 15;
         ms.push(1 + x % (1u64 << top).min(20_000));
     }
+    ms
+}
+
+async fn accuracy(backend: DelayBackend) {
+    let (url, p) = (common::url_for(backend), prefix_on("accuracy", backend));
+    let b = broker(&url, &p);
+    let ms = accuracy_delays();
     let delays: Vec<Duration> = ms.iter().map(|&m| Duration::from_millis(m)).collect();
     // The consumer runs before the first publish, so arrival is arrival.
     let conn = b.url.connect("declare").await.unwrap();
@@ -106,21 +126,35 @@ async fn delays_are_never_early_and_lateness_by_hops_is_reported() {
     let seen = collector.await.unwrap();
     cleanup(&url, &p).await;
     assert_eq!(seen.len(), delays.len(), "every delayed message arrived");
-    let mut by_hops: BTreeMap<u32, Vec<i128>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<i128>> = BTreeMap::new();
     let mut early = vec![];
     for (i, at) in &seen {
         let late = at.duration_since(started[*i]).as_micros() as i128 - (ms[*i] as i128) * 1000;
         if late < 0 {
             early.push((ms[*i], late));
         }
-        by_hops.entry(ms[*i].count_ones()).or_default().push(late);
+        let range = if ms[*i] <= 1000 { "≤ 1 s" } else { "> 1 s" };
+        groups
+            .entry(format!("delays {range}"))
+            .or_default()
+            .push(late);
+        if backend == CASCADE {
+            let hops = redeliver::cascade::hops(ms[*i] as u32);
+            groups
+                .entry(format!("{hops} queues"))
+                .or_default()
+                .push(late);
+        }
     }
-    println!("cascade lateness by levels waited in (set bits of the delay):");
-    for (hops, l) in &mut by_hops {
+    println!(
+        "{} lateness (queues waited in: the delay's non-zero hex digits):",
+        backend.as_str()
+    );
+    for (what, l) in &mut groups {
         l.sort();
         let q = |f: f64| l[((l.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
         println!(
-            "  {hops:>2} levels: n={:<4} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            "  {what:<12} n={:<4} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
             l.len(),
             q(0.5),
             q(0.99),
@@ -134,7 +168,7 @@ async fn delays_are_never_early_and_lateness_by_hops_is_reported() {
 }
 
 /// 2,000 messages held in the cascade survive a broker `kill -9`. On
-/// RabbitMQ 3.10 a level's dead-letter worker can start before the
+/// RabbitMQ 3.10 a queue's dead-letter worker can start before the
 /// exchanges are recovered; it then retries after
 /// `dead_letter_worker_publisher_confirm_timeout` (180 s by default), so
 /// the wait allows for that.
@@ -167,7 +201,7 @@ async fn cascade_survives_a_broker_kill() {
 /// Two prefixes on one broker: each worker sees only its own retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prefixes_do_not_receive_each_others_retries() {
-    let url = plain_broker_url();
+    let url = common::broker_url();
     let (pa, pb) = (prefix_on("iso-a", CASCADE), prefix_on("iso-b", CASCADE));
     let fail_once =
         |r: &common::receiver::Recorded| Reply::status(if r.nth == 1 { 500 } else { 200 });
@@ -198,38 +232,51 @@ async fn prefixes_do_not_receive_each_others_retries() {
     cleanup(&url, &pb).await;
 }
 
-/// `status` shows how many messages wait at each level.
+/// On the plain system broker, which has no plugin at all: `status` shows
+/// how many messages wait in each queue of the cascade, and they arrive.
+/// (The only cascade on that broker: see `common::url_for`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_messages_per_level() {
+async fn status_shows_messages_per_queue() {
     let (url, p) = (plain_broker_url(), prefix_on("levels", CASCADE));
     let b = broker(&url, &p);
-    // 10 s: highest bit 13 (8192 ms), so it waits at level 13 first.
+    // 10 s = 0x2710 ms: its top digit is 2 at stage 3 (2 × 4,096 ms), so
+    // it waits in `<prefix>.cascade.3.2` first.
     publish_delayed(&b, &[Duration::from_secs(10), Duration::from_secs(10)]).await;
     let s: serde_json::Value =
         serde_json::from_str(&stdout(&cli(&url, &p, &["status", "--json"]))).unwrap();
     assert_eq!(s["delay_backend"], "cascade");
-    let levels = s["cascade"].as_array().unwrap();
-    assert_eq!(levels.len(), 32);
-    let l13 = levels.iter().find(|l| l["level"] == 13).unwrap();
-    assert_eq!(l13["messages"], 2, "{s}");
-    assert_eq!(l13["ttl_ms"], 8192);
+    let queues = s["cascade"].as_array().unwrap();
+    assert_eq!(queues.len(), 120);
+    let held: Vec<_> = queues.iter().filter(|q| q["messages"] != 0).collect();
+    assert_eq!(held.len(), 1, "{s}");
+    assert_eq!(held[0]["queue"], format!("{p}.cascade.3.2"));
+    assert_eq!(held[0]["messages"], 2);
+    assert_eq!(held[0]["ttl_ms"], 8192);
     let text = stdout(&cli(&url, &p, &["status"]));
     assert!(
-        text.contains("cascade        2 waiting in 32 levels"),
+        text.contains("cascade        2 waiting in 120 queues"),
         "{text}"
     );
+    assert!(text.contains(&format!("{p}.cascade.3.2")), "{text}");
+    assert!(
+        text.contains("x-delayed-message not installed (not needed by the cascade)"),
+        "no false alarm about the plugin: {text}"
+    );
+    let arrived = collect_work(&b, 2, Duration::from_secs(30)).await;
     cleanup(&url, &p).await;
+    assert_eq!(arrived.len(), 2, "both left the cascade for the work queue");
 }
 
 /// Without the plugin, the error names the cascade as the alternative.
-#[test]
-fn missing_plugin_error_names_the_cascade() {
-    let p = common::prefix("hint");
+#[tokio::test]
+async fn missing_plugin_error_names_the_cascade() {
+    let (url, p) = (plain_broker_url(), common::prefix("hint"));
     let o = cli(
-        &plain_broker_url(),
+        &url,
         &p,
         &["publish", "--url", "http://127.0.0.1:9/", "--delay", "1s"],
     );
+    cleanup(&url, &p).await;
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--delay-backend cascade"), "{err}");

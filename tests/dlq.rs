@@ -407,11 +407,10 @@ async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {
     cleanup(&url, &p).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_runs_to_completion_and_cleans_up() {
-    let url = broker_url();
+async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
+    let (url, p) = (url_for(backend), prefix_on("demo", backend));
     let started = std::time::Instant::now();
-    let o = cli(&url, "redeliver", &["demo"]);
+    let o = cli(&url, &p, &["demo"]);
     let out = stdout(&o);
     println!("{out}");
     assert!(
@@ -427,6 +426,11 @@ async fn demo_runs_to_completion_and_cleans_up() {
     );
     assert!(out.contains("timed out after 1s"), "some requests time out");
     assert!(out.contains("What happened: 20 notifications"));
+    let waited = match backend {
+        DelayBackend::Plugin => "with an x-delay from the schedule",
+        DelayBackend::Cascade => "into the delay cascade",
+    };
+    assert!(out.contains(waited), "the summary names how retries waited");
     let table: Vec<_> = out
         .lines()
         .skip_while(|l| !l.starts_with("ID "))
@@ -434,7 +438,7 @@ async fn demo_runs_to_completion_and_cleans_up() {
         .take_while(|l| !l.is_empty())
         .collect();
     assert_eq!(table.len(), 4, "two 410s and two exhausted: {table:?}");
-    let prefix = out
+    let demo_prefix = out
         .split("prefix ")
         .nth(1)
         .unwrap()
@@ -443,17 +447,27 @@ async fn demo_runs_to_completion_and_cleans_up() {
         .unwrap()
         .trim()
         .to_string();
-    let queues = common::ctl_output(
-        common::default_port(),
-        &[
-            "rabbitmqctl",
-            "list_queues",
-            "-q",
-            "--no-table-headers",
-            "name",
-        ],
-    );
-    assert!(!queues.contains(&prefix), "demo queues deleted");
+    assert!(demo_prefix.starts_with(&p), "{demo_prefix}");
+    // Every queue of the demo's prefix is gone, the cascade's included.
+    let t = redeliver::topology::Topology::new(&demo_prefix);
+    let conn = common::connect(&url).await;
+    for q in [
+        t.work.clone(),
+        t.dead.clone(),
+        redeliver::cascade::queue(&t, 0, 1),
+        redeliver::cascade::queue(&t, 7, 15),
+    ] {
+        let ch = conn.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let left = ch
+            .queue_declare(q.as_str().into(), passive, Default::default())
+            .await;
+        assert!(left.is_err(), "demo queue {q} deleted");
+    }
+    let _ = conn.close(200, "".into()).await;
 }
 
 /// An id-less producer's notification keeps a stable id through export and
@@ -486,6 +500,7 @@ async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones(backend: De
 }
 
 both_backends!(
+    demo_runs_to_completion_and_cleans_up,
     list_leaves_the_queue_identical,
     filters_select_correctly,
     replay_one_then_all_delivers_and_removes,

@@ -359,16 +359,13 @@ fn unsafe_sigterm(pid: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_plugin_is_one_clear_sentence() {
+    let (url, p) = (common::plain_broker_url(), prefix("noplugin"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args([
-            "--amqp-url",
-            &common::plain_broker_url(),
-            "--prefix",
-            &prefix("noplugin"),
-            "run",
-        ])
+        .args(["--amqp-url", &url, "--prefix", &p, "run"])
         .output()
         .unwrap();
+    // The work and dead queues were declared before the retry exchange failed.
+    cleanup(&url, &p).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

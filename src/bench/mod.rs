@@ -94,6 +94,8 @@ pub struct Sizes {
     pub delay_n: usize,
     pub delay_min: Duration,
     pub delay_max: Duration,
+    /// Delays of 1 ms – 1 s, measured apart from the long ones.
+    pub short_delay_n: usize,
     pub backlogs: [usize; 2],
     pub memory_concurrency: [usize; 2],
     pub memory_window: Duration,
@@ -114,6 +116,7 @@ impl Sizes {
             delay_n: if q { 500 } else { 10_000 },
             delay_min: Duration::from_secs(if q { 1 } else { 5 }),
             delay_max: Duration::from_secs(if q { 3 } else { 30 }),
+            short_delay_n: if q { 200 } else { 2_000 },
             backlogs: if q { [200, 2_000] } else { [1_000, 100_000] },
             memory_concurrency: [32, 256],
             memory_window: Duration::from_secs(if q { 1 } else { 5 }),
