@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::Connection;
 use tokio::sync::Semaphore;
@@ -21,7 +19,7 @@ use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::process::{hold_then_ack, process, Context, Settled, Slot};
 use crate::publish::Publisher;
 use crate::telemetry;
-use crate::topology::TopologyError;
+use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -217,7 +215,7 @@ async fn consume<H: DeliveryHandler>(
     let dead_channel = conn.create_channel().await?;
     tokio::spawn(watch_dead_letters(
         dead_channel,
-        topology.dead.clone(),
+        topology.clone(),
         watch.clone(),
     ));
     // Ready only now that every channel is open; not ready the moment the
@@ -331,18 +329,10 @@ const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
 /// Sets the dead-letter gauge from a passive declare of the dead queue, now
 /// and every [`DEAD_LETTER_CHECK`], until `stop`. A failed read keeps the
 /// last value: the gauge is "at the last check".
-async fn watch_dead_letters(channel: lapin::Channel, queue: String, stop: CancellationToken) {
+async fn watch_dead_letters(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
     loop {
-        let passive = QueueDeclareOptions {
-            // Read the depth; never create or change the queue.
-            passive: true,
-            ..Default::default()
-        };
-        let declared = channel
-            .queue_declare(queue.as_str().into(), passive, FieldTable::default())
-            .await;
-        match declared {
-            Ok(q) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(q.message_count())),
+        match crate::dlq::dead_count(&channel, &topology).await {
+            Ok(n) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(n)),
             // A failed passive declare closes the channel; stop until the
             // next session.
             Err(_) => return,
