@@ -112,7 +112,7 @@ fn matches(s: u32, digit: u32) -> FieldTable {
 pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
     let out = out(t);
     exchange(ch, &out, ExchangeKind::Fanout).await?;
-    bind_queue(ch, &t.work, &out, FieldTable::default()).await?;
+    t.bind(ch, &out, "").await?;
     for s in 0..STAGES {
         let name = stage(t, s);
         let next = if s == 0 { out.clone() } else { stage(t, s - 1) };

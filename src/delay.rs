@@ -66,31 +66,26 @@ impl DelayBackend {
         }
     }
 
-    /// Sets the delay on `headers` and says where to publish. The route
-    /// reaches the work queue only, never other queues bound to the intake.
-    /// The caller must not set `mandatory`: the plugin returns every
-    /// delayed message as unroutable at publish time.
+    /// Sets the delay on `headers` and says where to publish, and whether
+    /// `mandatory` may be set (the plugin returns every delayed message as
+    /// unroutable at publish time, so not there). The route reaches the
+    /// work queue only, never other queues bound to the intake.
     pub fn route(self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+        // x-delay: milliseconds to hold the message, as an integer. The
+        // cascade reads its digit headers instead, but sets it too, so a
+        // copy reads the same whichever backend carried it.
+        headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
         match self {
-            DelayBackend::Plugin => {
-                // x-delay: milliseconds to hold the message, as an integer.
-                headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
-                DelayedRoute {
-                    exchange: t.retry.clone(),
-                    routing_key: t.work.clone(),
-                    mandatory: false,
-                }
-            }
-            DelayBackend::Cascade => {
-                // The delay is in the digit headers; x-delay is set too,
-                // so a copy reads the same whichever backend carried it.
-                headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
-                DelayedRoute {
-                    exchange: crate::cascade::entry(t, delay_ms, headers),
-                    routing_key: String::new(),
-                    mandatory: true,
-                }
-            }
+            DelayBackend::Plugin => DelayedRoute {
+                exchange: t.retry.clone(),
+                routing_key: t.work.clone(),
+                mandatory: false,
+            },
+            DelayBackend::Cascade => DelayedRoute {
+                exchange: crate::cascade::entry(t, delay_ms, headers),
+                routing_key: String::new(),
+                mandatory: true,
+            },
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::cli::{
     DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
 };
 use crate::dead_letter::{DeadLetter, Filter};
+use crate::delay::DelayBackend;
 use crate::dlq::{walk, Op, Summary};
 use crate::publish::Publisher;
 use crate::topology::Topology;
@@ -230,7 +231,9 @@ pub async fn status(
     // messages from before a migration, so its absence is no alarm.
     let avail = match (s.retry_exchange_type_available, s.delay_backend) {
         (true, _) => "available",
-        (false, "cascade") => "not installed (not needed by the cascade)",
+        (false, b) if b == DelayBackend::Cascade.as_str() => {
+            "not installed (not needed by the cascade)"
+        }
         (false, _) => "MISSING (enable rabbitmq_delayed_message_exchange)",
     };
     writeln!(

@@ -35,12 +35,12 @@ pub struct Status {
     pub plugin_delayed: Option<u64>,
     /// The cascade's queues that exist, with the messages waiting in each
     /// (whichever backend is selected, so a migration can be watched).
-    pub cascade: Vec<LevelStatus>,
+    pub cascade: Vec<CascadeQueueStatus>,
 }
 
 /// One queue of the cascade: stage `stage`, digit `digit`.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct LevelStatus {
+pub struct CascadeQueueStatus {
     pub queue: String,
     pub stage: u32,
     pub digit: u32,
@@ -61,7 +61,7 @@ pub async fn status(
     for (stage, digit, name) in crate::cascade::queues(&t) {
         let q = queue(&conn, &name).await?;
         if q.exists {
-            cascade.push(LevelStatus {
+            cascade.push(CascadeQueueStatus {
                 queue: name,
                 stage,
                 digit,
