@@ -55,11 +55,12 @@ pub async fn status(
 ) -> Result<Status, lapin::Error> {
     let t = Topology::new(&broker.prefix);
     let conn = broker.url.connect("redeliver status").await?;
-    let mut work = queue(&conn, &t.work).await?;
-    let mut dead = queue(&conn, &t.dead).await?;
+    let mut probe = Probe::new(&conn);
+    let mut work = probe.queue(&t.work).await?;
+    let mut dead = probe.queue(&t.dead).await?;
     let mut cascade = vec![];
     for (stage, digit, name) in crate::cascade::queues(&t) {
-        let q = queue(&conn, &name).await?;
+        let q = probe.queue(&name).await?;
         if q.exists {
             cascade.push(CascadeQueueStatus {
                 queue: name,
@@ -70,6 +71,7 @@ pub async fn status(
             });
         }
     }
+    probe.close().await;
     let _ = conn.close(200, "status done".into()).await;
     let mut plugin_delayed = None;
     if let Some(m) = management_url {
@@ -89,41 +91,67 @@ pub async fn status(
     })
 }
 
-/// A passive declare; a missing queue closes the channel, so each gets its own.
+/// One passive declare on a channel of its own (see [`Probe`]).
 pub(crate) async fn queue(
     conn: &lapin::Connection,
     name: &str,
 ) -> Result<QueueStatus, lapin::Error> {
-    let ch = conn.create_channel().await?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    Ok(
-        match ch
+    let mut probe = Probe::new(conn);
+    let q = probe.queue(name).await;
+    probe.close().await;
+    q
+}
+
+/// Passive declares that share one channel while the queues exist: a
+/// missing queue closes the channel (a soft error), and only then is a new
+/// one opened. `status` reads up to 122 queues, mostly existing ones.
+struct Probe<'a> {
+    conn: &'a lapin::Connection,
+    channel: Option<lapin::Channel>,
+}
+
+impl<'a> Probe<'a> {
+    fn new(conn: &'a lapin::Connection) -> Self {
+        Probe {
+            conn,
+            channel: None,
+        }
+    }
+
+    async fn queue(&mut self, name: &str) -> Result<QueueStatus, lapin::Error> {
+        let ch = match self.channel.take() {
+            Some(ch) => ch,
+            None => self.conn.create_channel().await?,
+        };
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = ch
             .queue_declare(name.into(), passive, FieldTable::default())
-            .await
-        {
+            .await;
+        let (exists, ready, consumers) = match declared {
             Ok(q) => {
-                let _ = ch.close(200, "".into()).await;
-                QueueStatus {
-                    name: name.into(),
-                    exists: true,
-                    ready: q.message_count(),
-                    unacked: None,
-                    consumers: q.consumer_count(),
-                }
+                self.channel = Some(ch);
+                (true, q.message_count(), q.consumer_count())
             }
-            Err(e) if e.is_amqp_soft_error() => QueueStatus {
-                name: name.into(),
-                exists: false,
-                ready: 0,
-                unacked: None,
-                consumers: 0,
-            },
+            Err(e) if e.is_amqp_soft_error() => (false, 0, 0),
             Err(e) => return Err(e),
-        },
-    )
+        };
+        Ok(QueueStatus {
+            name: name.into(),
+            exists,
+            ready,
+            unacked: None,
+            consumers,
+        })
+    }
+
+    async fn close(mut self) {
+        if let Some(ch) = self.channel.take() {
+            let _ = ch.close(200, "".into()).await;
+        }
+    }
 }
 
 /// Declares and deletes a throw-away `x-delayed-message` exchange, on a
