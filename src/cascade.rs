@@ -70,11 +70,11 @@ fn digit(delay_ms: u32, s: u32) -> u32 {
 }
 
 /// Sets the digit headers of `delay_ms` and returns the exchange it enters
-/// at: the stage of its highest non-zero digit. Digit headers left from an
-/// earlier delay are removed first, so a retried copy never reads stale
-/// ones. A zero delay goes straight to the exit.
+/// at: the stage of its highest non-zero digit. A zero delay goes straight
+/// to the exit. Digits of an earlier delay are the caller's to remove
+/// first ([`crate::publish::strip_transit_headers`], as `Publisher` does);
+/// stages above this delay's top would otherwise keep stale ones.
 pub fn entry(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> String {
-    strip_digits(headers);
     if delay_ms == 0 {
         return out(t);
     }
@@ -86,9 +86,10 @@ pub fn entry(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> String {
     stage(t, top)
 }
 
-/// Removes the digit headers a message picked up on an earlier delay.
-pub fn strip_digits(headers: &mut FieldTable) {
-    crate::publish::retain_headers(headers, |k| !k.starts_with(HEADER));
+/// Whether `name` is one of the digit headers a delay through the cascade
+/// sets.
+pub fn is_digit_header(name: &str) -> bool {
+    name.starts_with(HEADER)
 }
 
 fn header(s: u32) -> String {

@@ -136,7 +136,7 @@ fn fresh(props: &BasicProperties) -> BasicProperties {
         H_LAST_STATUS,
         H_DELAY,
     ];
-    let mut headers: FieldTable = props
+    let headers: FieldTable = props
         .headers()
         .as_ref()
         .map(|h| {
@@ -148,7 +148,5 @@ fn fresh(props: &BasicProperties) -> BasicProperties {
                 .into()
         })
         .unwrap_or_default();
-    // The cascade's digits of the last delay (a replay waits for nothing).
-    crate::cascade::strip_digits(&mut headers);
     crate::publish::republish_properties(props, headers)
 }

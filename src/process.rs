@@ -288,8 +288,6 @@ async fn dead_letter<H>(
     reason: DeadReason,
 ) -> Result<(), PublishError> {
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
-    // The cascade's digits of the last delay mean nothing in the DLQ.
-    crate::cascade::strip_digits(&mut headers);
     let props = republish_properties(&d.properties, headers);
     let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
     ctx.publisher.dead_letter(&d.data, props).await

@@ -128,8 +128,10 @@ impl Publisher {
         delay: Duration,
     ) -> Result<(), PublishError> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        // Stripped before the route adds this delay's own headers.
+        strip_transit_headers(headers);
         let route = self.delay.route(&self.topology, ms, headers);
-        let props = republish_properties(&props, std::mem::take(headers));
+        let props = copy_properties(&props, std::mem::take(headers));
         self.confirmed(
             &route.exchange,
             &route.routing_key,
@@ -191,14 +193,22 @@ impl Publisher {
     }
 }
 
-/// Removes `x-death` and `x-first-death-*`/`x-last-death-*`. The cascade
-/// delay backend dead-letters a message through its queues, and the broker
-/// records each hop there. A copy that kept them would look like a
-/// dead-lettering cycle on its next delay through a queue it passed before,
-/// and the broker would never hand it on (RabbitMQ's cycle detection).
-pub fn strip_death_headers(headers: &mut FieldTable) {
+/// Removes the headers that record a message's last trip through the
+/// broker rather than the notification:
+/// - `x-death` and `x-first-death-*`/`x-last-death-*`. The cascade delay
+///   backend dead-letters a message through its queues, and the broker
+///   records each hop there. A copy that kept them would look like a
+///   dead-lettering cycle on its next delay through a queue it passed
+///   before, and the broker would never hand it on (RabbitMQ's cycle
+///   detection).
+/// - the cascade's digits of the last delay ([`crate::cascade::is_digit_header`]):
+///   a delayed copy gets its own, and elsewhere they mean nothing.
+pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
-        !(k == "x-death" || k.starts_with("x-first-death-") || k.starts_with("x-last-death-"))
+        !(k == "x-death"
+            || k.starts_with("x-first-death-")
+            || k.starts_with("x-last-death-")
+            || crate::cascade::is_digit_header(k))
     });
 }
 
@@ -219,10 +229,15 @@ pub fn retain_headers(headers: &mut FieldTable, keep: impl Fn(&str) -> bool) {
 
 /// The properties of a republished copy: the original's, minus what would
 /// make the broker drop or refuse it (`expiration`, `user-id` of another
-/// user), persistent, and with the given headers, less the broker's own
-/// dead-lettering record (see [`strip_death_headers`]).
+/// user), persistent, and with the given headers, less those of its last
+/// trip through the broker (see [`strip_transit_headers`]).
 pub fn republish_properties(orig: &BasicProperties, mut headers: FieldTable) -> BasicProperties {
-    strip_death_headers(&mut headers);
+    strip_transit_headers(&mut headers);
+    copy_properties(orig, headers)
+}
+
+/// [`republish_properties`] for headers already stripped.
+fn copy_properties(orig: &BasicProperties, headers: FieldTable) -> BasicProperties {
     let mut p = BasicProperties::default()
         .with_headers(headers)
         .with_delivery_mode(2);
