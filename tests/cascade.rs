@@ -226,8 +226,9 @@ async fn prefixes_do_not_receive_each_others_retries() {
     wb.stop().await;
     assert!(done, "a saw {}, b saw {}", ra.count(), rb.count());
     let ids = |rx: &Receiver| rx.requests().iter().map(|r| r.id()).collect::<HashSet<_>>();
-    assert!(ids(&ra).iter().all(|i| i.starts_with("a-")) && ids(&ra).len() == 50);
-    assert!(ids(&rb).iter().all(|i| i.starts_with("b-")) && ids(&rb).len() == 50);
+    let (a, b) = (ids(&ra), ids(&rb));
+    assert!(a.iter().all(|i| i.starts_with("a-")) && a.len() == 50);
+    assert!(b.iter().all(|i| i.starts_with("b-")) && b.len() == 50);
     cleanup(&url, &pa).await;
     cleanup(&url, &pb).await;
 }

@@ -449,25 +449,13 @@ async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
         .to_string();
     assert!(demo_prefix.starts_with(&p), "{demo_prefix}");
     // Every queue of the demo's prefix is gone, the cascade's included.
-    let t = redeliver::topology::Topology::new(&demo_prefix);
-    let conn = common::connect(&url).await;
-    for q in [
-        t.work.clone(),
-        t.dead.clone(),
-        redeliver::cascade::queue(&t, 0, 1),
-        redeliver::cascade::queue(&t, 7, 15),
-    ] {
-        let ch = conn.create_channel().await.unwrap();
-        let passive = lapin::options::QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        let left = ch
-            .queue_declare(q.as_str().into(), passive, Default::default())
-            .await;
-        assert!(left.is_err(), "demo queue {q} deleted");
-    }
-    let _ = conn.close(200, "".into()).await;
+    let left = redeliver::status::status(&broker(&url, &demo_prefix), None)
+        .await
+        .unwrap();
+    assert!(
+        !left.work.exists && !left.dead.exists && left.cascade.is_empty(),
+        "demo queues deleted: {left:?}"
+    );
 }
 
 /// An id-less producer's notification keeps a stable id through export and

@@ -114,14 +114,7 @@ async fn routes_override_policy_and_success_body() {
         ],
     )
     .await;
-    let mut dead = vec![];
-    for _ in 0..100 {
-        dead.extend(drain_dead(&url, &p).await);
-        if !dead.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let dead = wait_dead(&url, &p, 1).await;
     w.stop().await;
     assert_eq!(dead.len(), 1);
     assert_eq!(
@@ -341,14 +334,8 @@ async fn config_file_secrets_and_routes_reach_the_worker() {
         ],
     )
     .await;
-    let mut dead = vec![];
-    for _ in 0..100 {
-        dead.extend(drain_dead(&url, &p).await);
-        if !dead.is_empty() && rx.count() >= 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let dead = wait_dead(&url, &p, 1).await;
+    wait_until(Duration::from_secs(10), || rx.count() >= 4).await;
     sigterm(&w.child);
     assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
     let _ = std::fs::remove_file(&path);

@@ -13,18 +13,6 @@ use redeliver::state::*;
 use redeliver::HttpDeliverer;
 use serde_json::json;
 
-async fn wait_dead(url: &str, p: &str, n: usize) -> Vec<DeadLetter> {
-    let mut dead = vec![];
-    for _ in 0..100 {
-        dead.extend(drain_dead(url, p).await);
-        if dead.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    dead
-}
-
 /// Metadata and link-local addresses are refused by default and
 /// dead-lettered as `permanent` after one attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

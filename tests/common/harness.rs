@@ -159,6 +159,20 @@ pub async fn queue_len(url: &str, queue: &str) -> u32 {
     q.message_count()
 }
 
+/// Drains the dead-letter queue until it has given at least `n` (about
+/// 10 s at most), returning what it gave.
+pub async fn wait_dead(url: &str, p: &str, n: usize) -> Vec<DeadLetter> {
+    let mut dead = vec![];
+    for _ in 0..100 {
+        dead.extend(drain_dead(url, p).await);
+        if dead.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    dead
+}
+
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.
 pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
