@@ -9,7 +9,7 @@ use crate::signing::SigningSecret;
 
 #[derive(Clone, Debug, Default)]
 pub struct Route {
-    /// Matched against the start of the notification's URL, as text.
+    /// Matched by scheme, host, port and path prefix (see [`Routes::find`]).
     pub url_prefix: String,
     /// Replaces the worker's signing secrets for these URLs.
     pub secrets: Option<Vec<SigningSecret>>,
@@ -20,14 +20,20 @@ pub struct Route {
     pub success_body: Option<String>,
 }
 
-/// The routes, longest prefix first, so the first match is the most specific.
+/// The routes, longest prefix first, so the first match is the most
+/// specific; each with its prefix parsed once, since `find` runs on every
+/// delivery (`None`: a prefix that does not parse, which matches nothing).
 #[derive(Clone, Debug, Default)]
-pub struct Routes(Vec<Route>);
+pub struct Routes(Vec<(Route, Option<url::Url>)>);
 
 impl Routes {
     pub fn new(mut routes: Vec<Route>) -> Self {
         routes.sort_by_key(|r| std::cmp::Reverse(r.url_prefix.len()));
-        Routes(routes)
+        let parsed = routes.into_iter().map(|r| {
+            let p = url::Url::parse(&r.url_prefix).ok();
+            (r, p)
+        });
+        Routes(parsed.collect())
     }
 
     /// The route of the longest prefix matching `url`: the same scheme,
@@ -36,7 +42,10 @@ impl Routes {
     /// prefix's. A prefix never matches another host that merely starts
     /// with its text (`pay.example.com.evil.net`).
     pub fn find(&self, url: &url::Url) -> Option<&Route> {
-        self.0.iter().find(|r| matches(&r.url_prefix, url))
+        self.0
+            .iter()
+            .find(|(_, p)| p.as_ref().is_some_and(|p| matches(p, url)))
+            .map(|(r, _)| r)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -44,14 +53,11 @@ impl Routes {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
-        self.0.iter()
+        self.0.iter().map(|(r, _)| r)
     }
 }
 
-fn matches(prefix: &str, url: &url::Url) -> bool {
-    let Ok(p) = url::Url::parse(prefix) else {
-        return false;
-    };
+fn matches(p: &url::Url, url: &url::Url) -> bool {
     p.scheme() == url.scheme()
         && p.host_str() == url.host_str()
         && p.port_or_known_default() == url.port_or_known_default()
