@@ -287,17 +287,24 @@ fn args_of(s: &Setting) -> Vec<OsString> {
 }
 
 fn setting(key: &str, item: &Item, line: usize) -> Result<Setting, String> {
-    let values = match item {
-        Item::Value(Value::Array(a)) => a.iter().map(scalar).collect::<Result<Vec<_>, _>>(),
-        Item::Value(v) => scalar(v).map(|s| vec![s]),
-        _ => Err("a table here is not a setting".to_string()),
-    }
-    .map_err(|e| format!("`{key}`: {e}"))?;
+    let values = values(item)
+        .unwrap_or_else(|| Err("a table here is not a setting".to_string()))
+        .map_err(|e| format!("`{key}`: {e}"))?;
     Ok(Setting {
         key: key.to_string(),
         values,
         line,
     })
+}
+
+/// A setting's value(s) as text: one scalar, or an array of them; `None`
+/// for a table, which each caller words in its own error.
+pub(crate) fn values(item: &Item) -> Option<Result<Vec<String>, String>> {
+    match item {
+        Item::Value(Value::Array(a)) => Some(a.iter().map(scalar).collect()),
+        Item::Value(v) => Some(scalar(v).map(|s| vec![s])),
+        _ => None,
+    }
 }
 
 pub(crate) fn scalar(v: &Value) -> Result<String, String> {

@@ -1,8 +1,8 @@
 //! A config file's `[[route]]` table, checked key by key with its line.
 
-use toml_edit::{Item, Table, Value};
+use toml_edit::Table;
 
-use crate::config_file::{line_of, scalar};
+use crate::config_file::{line_of, values};
 use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};
 use crate::routes::Route;
 use crate::signing::SigningSecret;
@@ -15,7 +15,9 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
     for (key, item) in t.iter() {
         let line = item.span().map(|s| line_of(text, s.start));
         let err = |m: String| (line, format!("[[route]] `{key}`: {m}"));
-        let values = values(item).map_err(err)?;
+        let values = values(item)
+            .unwrap_or_else(|| Err("expected a value".into()))
+            .map_err(err)?;
         let one = || match values.as_slice() {
             [v] => Ok(v.clone()),
             _ => Err(err("expected one value".into())),
@@ -55,14 +57,6 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
         return Err((line, "[[route]] needs a `url-prefix`".into()));
     }
     Ok(r)
-}
-
-fn values(item: &Item) -> Result<Vec<String>, String> {
-    match item {
-        Item::Value(Value::Array(a)) => a.iter().map(scalar).collect(),
-        Item::Value(v) => scalar(v).map(|s| vec![s]),
-        _ => Err("expected a value".into()),
-    }
 }
 
 /// An http(s) URL with a host, so a typo does not silently match nothing.
