@@ -25,6 +25,13 @@
 //! behind a longer delay. Quorum queues with `x-dead-letter-strategy:
 //! at-least-once` and `x-overflow: reject-publish` hand a message on only
 //! once the next hop has it, so a broker crash at any hop loses nothing.
+//!
+//! Delays up to [`HOLD_MAX_MS`] skip the stages: they go to one quorum
+//! queue, `<prefix>.cascade.hold`, whose consumers (every `run` worker of
+//! the prefix, [`crate::hold`]) keep each message unacked until its due
+//! time and then publish it to the exit. A queue's expiry path costs
+//! ~1.5 ms per hop, more than a whole short delay's worth of the plugin's
+//! timer; a timer in the worker is as accurate as the plugin's.
 
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -43,6 +50,35 @@ pub const MAX_DIGIT: u32 = (1 << DIGIT_BITS) - 1;
 /// The header carrying stage s's digit: `redeliver-cascade-<s>`. No `x-`
 /// prefix: a headers exchange ignores `x-` binding arguments.
 const HEADER: &str = "redeliver-cascade-";
+
+/// Delays up to this long are held by the workers (see the module doc):
+/// the "as accurate as the plugin" range. Longer ones wait in the
+/// stages, whose lateness does not grow with the delay.
+pub const HOLD_MAX_MS: u32 = 1_000;
+/// The header with a held message's due time: microseconds since the Unix
+/// epoch on the publisher's clock (whole milliseconds would need rounding
+/// up to never be early, which costs half a millisecond on average). It
+/// shares the digits' prefix, so [`is_cascade_header`] strips it from
+/// copies with everything else.
+pub const DUE_HEADER: &str = "redeliver-cascade-due-us";
+
+/// The queue that short delays wait in, held by the workers.
+pub fn hold(t: &Topology) -> String {
+    format!("{}.cascade.hold", t.prefix)
+}
+
+/// Whether a delay is held by the workers rather than cascaded.
+pub fn is_held(delay_ms: u32) -> bool {
+    (1..=HOLD_MAX_MS).contains(&delay_ms)
+}
+
+/// Sets a held message's due time: `now_us` (microseconds since the Unix
+/// epoch) plus `delay_ms`.
+pub fn hold_entry(delay_ms: u32, now_us: u128, headers: &mut FieldTable) {
+    let due = now_us + u128::from(delay_ms) * 1000;
+    let due = i64::try_from(due).unwrap_or(i64::MAX);
+    headers.insert(DUE_HEADER.into(), AMQPValue::LongLongInt(due));
+}
 
 /// The headers exchange of stage `s`.
 pub fn stage(t: &Topology, s: u32) -> String {
@@ -86,9 +122,9 @@ pub fn entry(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> String {
     stage(t, top)
 }
 
-/// Whether `name` is one of the digit headers a delay through the cascade
-/// sets.
-pub fn is_digit_header(name: &str) -> bool {
+/// Whether `name` is one of the headers a delay through the cascade sets:
+/// its digits, or a held message's due time.
+pub fn is_cascade_header(name: &str) -> bool {
     name.starts_with(HEADER)
 }
 
@@ -114,19 +150,23 @@ pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
     let out = out(t);
     exchange(ch, &out, ExchangeKind::Fanout).await?;
     t.bind(ch, &out, "").await?;
+    let hold = hold(t);
+    ch.queue_declare(hold.as_str().into(), durable(), hold_args())
+        .await
+        .map_err(|e| classify("queue", &hold, e))?;
     for s in 0..STAGES {
         let name = stage(t, s);
         let next = if s == 0 { out.clone() } else { stage(t, s - 1) };
         exchange(ch, &name, ExchangeKind::Headers).await?;
         for d in 1..=MAX_DIGIT {
             let q = queue(t, s, d);
-            let durable = QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            };
-            ch.queue_declare(q.as_str().into(), durable, queue_args(ttl_ms(s, d), &next))
-                .await
-                .map_err(|e| classify("queue", &q, e))?;
+            ch.queue_declare(
+                q.as_str().into(),
+                durable(),
+                queue_args(ttl_ms(s, d), &next),
+            )
+            .await
+            .map_err(|e| classify("queue", &q, e))?;
             bind_queue(ch, &q, &name, matches(s, d)).await?;
         }
         // Digit 0: skip this stage (exchange-to-exchange binding).
@@ -165,6 +205,25 @@ async fn exchange(ch: &Channel, name: &str, kind: ExchangeKind) -> Result<(), To
         .map_err(|e| classify("exchange", name, e))
 }
 
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// The hold queue: no TTL and no dead-lettering. A message leaves it only
+/// when a worker acks it, after its released copy was confirmed.
+fn hold_args() -> FieldTable {
+    let mut a = FieldTable::default();
+    // x-queue-type: quorum, fsync'd before the delayed publish is confirmed.
+    a.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    a
+}
+
 fn queue_args(ttl_ms: u64, next: &str) -> FieldTable {
     let mut a = FieldTable::default();
     let s = |v: &str| AMQPValue::LongString(v.into());
@@ -192,16 +251,22 @@ pub fn queues(t: &Topology) -> impl Iterator<Item = (u32, u32, String)> + '_ {
     (0..STAGES).flat_map(move |s| (1..=MAX_DIGIT).map(move |d| (s, d, queue(t, s, d))))
 }
 
-/// Every queue and exchange of the cascade, for deletion.
+/// Every queue and exchange of the cascade, the hold queue included, for
+/// deletion.
 pub fn names(t: &Topology) -> (Vec<String>, Vec<String>) {
-    let queues = queues(t).map(|(_, _, q)| q).collect();
+    let mut queues: Vec<String> = queues(t).map(|(_, _, q)| q).collect();
+    queues.push(hold(t));
     let mut exchanges: Vec<String> = (0..STAGES).map(|s| stage(t, s)).collect();
     exchanges.push(out(t));
     (queues, exchanges)
 }
 
-/// How many queues a delay waits in: its non-zero hexadecimal digits.
+/// How many of the stages' queues a delay waits in: its non-zero
+/// hexadecimal digits, or none when it is held ([`is_held`]).
 pub fn hops(delay_ms: u32) -> u32 {
+    if is_held(delay_ms) {
+        return 0;
+    }
     (0..STAGES).filter(|&s| digit(delay_ms, s) != 0).count() as u32
 }
 
@@ -244,14 +309,26 @@ mod tests {
     }
 
     #[test]
+    fn short_delays_are_held_with_a_due_time() {
+        assert!(!is_held(0) && is_held(1) && is_held(HOLD_MAX_MS));
+        assert!(!is_held(HOLD_MAX_MS + 1));
+        let mut h = FieldTable::default();
+        hold_entry(250, 1_700_000_000_000_001, &mut h);
+        let due = h.inner().get(DUE_HEADER);
+        assert_eq!(due, Some(&AMQPValue::LongLongInt(1_700_000_000_250_001)));
+        assert!(is_cascade_header(DUE_HEADER));
+    }
+
+    #[test]
     fn the_queues_add_up_to_every_delay() {
         // The TTLs of the queues a delay waits in sum to the delay itself.
         for delay in [1u32, 15, 16, 255, 256, 1000, 4095, 4096, 15_000, u32::MAX] {
             let sum: u64 = (0..STAGES).map(|s| ttl_ms(s, digit(delay, s))).sum();
             assert_eq!(sum, u64::from(delay));
         }
-        assert_eq!(hops(0x1a0), 2);
-        assert_eq!(hops(1000), 3);
+        assert_eq!(hops(0x1a0 + 4096), 3);
+        assert_eq!(hops(1001), 3);
+        assert_eq!(hops(1000), 0, "held, not cascaded");
         assert_eq!(ttl_ms(7, MAX_DIGIT), 0xF000_0000);
         assert_eq!(queues(&Topology::new("p")).count(), 120);
     }

@@ -81,6 +81,16 @@ impl DelayBackend {
                 routing_key: t.work.clone(),
                 mandatory: false,
             },
+            // Short delays go to the hold queue (default exchange, its
+            // name as the key), where the workers time them.
+            DelayBackend::Cascade if crate::cascade::is_held(delay_ms) => {
+                crate::cascade::hold_entry(delay_ms, now_us(), headers);
+                DelayedRoute {
+                    exchange: String::new(),
+                    routing_key: crate::cascade::hold(t),
+                    mandatory: true,
+                }
+            }
             DelayBackend::Cascade => DelayedRoute {
                 exchange: crate::cascade::entry(t, delay_ms, headers),
                 routing_key: String::new(),
@@ -88,4 +98,13 @@ impl DelayBackend {
             },
         }
     }
+}
+
+/// This host's clock in microseconds since the Unix epoch (0 for a clock
+/// set before 1970: the message is then released on arrival, not lost).
+pub(crate) fn now_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
 }

@@ -4,7 +4,8 @@
 //! [`publish`] → [`topology`] → [`worker`] (consume, bounded concurrency) →
 //! [`process`] (one delivery's stages) → [`deliver`] (HTTP) →
 //! [`outcome`] (retry or not) → [`retry`] (the decision) with
-//! [`policy`] (how long to wait) → [`delay`] (how the wait is done).
+//! [`policy`] (how long to wait) → [`delay`] (how the wait is done:
+//! the plugin, or the [`cascade`] with its [`hold`]er for short delays).
 
 pub mod admin;
 pub mod app;
@@ -22,6 +23,7 @@ pub mod demo;
 pub mod demo_receiver;
 pub mod dlq;
 pub mod guard;
+pub mod hold;
 pub mod message;
 pub mod ops;
 pub mod outcome;

@@ -244,6 +244,17 @@ pub async fn status(
     if let Some(n) = s.plugin_delayed {
         writeln!(out, "plugin holds   {n} delayed messages for this prefix")?;
     }
+    if s.hold.exists {
+        let h = &s.hold;
+        writeln!(
+            out,
+            "hold           {} ready {}  held {}  holders {}",
+            h.name,
+            h.ready,
+            unacked(h),
+            h.consumers
+        )?;
+    }
     if !s.cascade.is_empty() {
         let waiting: u64 = s.cascade.iter().map(|l| u64::from(l.messages)).sum();
         writeln!(

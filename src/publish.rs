@@ -153,6 +153,17 @@ impl Publisher {
             .await
     }
 
+    /// Publishes a held message whose wait is over to the cascade's exit,
+    /// which feeds the work queue, unchanged ([`crate::hold`]).
+    pub async fn release(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), PublishError> {
+        let out = crate::cascade::out(&self.topology);
+        self.confirmed(&out, "", true, payload, props).await
+    }
+
     /// Publishes to the work queue only (used by replay).
     pub async fn to_work_queue(
         &self,
@@ -201,14 +212,15 @@ impl Publisher {
 ///   dead-lettering cycle on its next delay through a queue it passed
 ///   before, and the broker would never hand it on (RabbitMQ's cycle
 ///   detection).
-/// - the cascade's digits of the last delay ([`crate::cascade::is_digit_header`]):
-///   a delayed copy gets its own, and elsewhere they mean nothing.
+/// - the cascade's digits and due time of the last delay
+///   ([`crate::cascade::is_cascade_header`]): a delayed copy gets its own,
+///   and elsewhere they mean nothing.
 pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
         !(k == "x-death"
             || k.starts_with("x-first-death-")
             || k.starts_with("x-last-death-")
-            || crate::cascade::is_digit_header(k))
+            || crate::cascade::is_cascade_header(k))
     });
 }
 

@@ -33,6 +33,10 @@ pub struct Status {
     /// of the retry exchange, from the management API); `None` when not
     /// asked, not reachable, or not reported.
     pub plugin_delayed: Option<u64>,
+    /// The cascade's hold queue: short delays waiting for a worker
+    /// (`ready`) or held by one (`unacked`, from the management API), and
+    /// the workers holding (`consumers`).
+    pub hold: QueueStatus,
     /// The cascade's queues that exist, with the messages waiting in each
     /// (whichever backend is selected, so a migration can be watched).
     pub cascade: Vec<CascadeQueueStatus>,
@@ -58,6 +62,7 @@ pub async fn status(
     let mut probe = Probe::new(&conn);
     let mut work = probe.queue(&t.work).await?;
     let mut dead = probe.queue(&t.dead).await?;
+    let mut hold = probe.queue(&crate::cascade::hold(&t)).await?;
     let mut cascade = vec![];
     for (stage, digit, name) in crate::cascade::queues(&t) {
         let q = probe.queue(&name).await?;
@@ -77,6 +82,8 @@ pub async fn status(
     if let Some(m) = management_url {
         work.unacked = api_u64(m, &broker.url, "queues", &t.work, "messages_unacknowledged").await;
         dead.unacked = api_u64(m, &broker.url, "queues", &t.dead, "messages_unacknowledged").await;
+        let h = &hold.name;
+        hold.unacked = api_u64(m, &broker.url, "queues", h, "messages_unacknowledged").await;
         plugin_delayed = api_u64(m, &broker.url, "exchanges", &t.retry, "messages_delayed").await;
     }
     Ok(Status {
@@ -84,6 +91,7 @@ pub async fn status(
         broker: broker.url.redacted(),
         work,
         dead,
+        hold,
         delay_backend: broker.delay.as_str(),
         retry_exchange_type_available: delayed_type_available(&broker.url, &broker.prefix).await,
         plugin_delayed,

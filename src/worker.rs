@@ -14,7 +14,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::{BrokerSettings, WorkerSettings};
+use crate::delay::DelayBackend;
 use crate::deliver::DeliveryHandler;
+use crate::hold::Holder;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::process::{hold_then_ack, process, Context, Settled, Slot};
 use crate::publish::Publisher;
@@ -39,6 +41,10 @@ pub enum WorkerError {
     RepublishFailing,
     #[error("the broker connection was lost")]
     ConnectionLost,
+    #[error("holding short delays failed: {0}")]
+    Hold(#[from] crate::hold::HoldError),
+    #[error("the short-delay holder stopped; reconnecting")]
+    HolderStopped,
     #[error("concurrency must be at least 1")]
     Concurrency,
     #[error("invalid broker URL {url}: {reason}")]
@@ -210,6 +216,17 @@ async fn consume<H: DeliveryHandler>(
             FieldTable::default(),
         )
         .await?;
+    let (hard_stop, tracker) = (CancellationToken::new(), TaskTracker::new());
+    let hold_stop = CancellationToken::new();
+    let hold_failed = match broker.delay {
+        // With the cascade, every worker also holds its prefix's short
+        // delays; held messages are tasks on `tracker`, drained like
+        // deliveries.
+        DelayBackend::Cascade => Holder::start(conn, &topology, settings.confirm_timeout)
+            .await?
+            .spawn(&tracker, &hold_stop, &hard_stop),
+        DelayBackend::Plugin => CancellationToken::new(),
+    };
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
     let watch = CancellationToken::new();
     let dead_channel = conn.create_channel().await?;
@@ -230,7 +247,6 @@ async fn consume<H: DeliveryHandler>(
         watch.clone(),
     ));
 
-    let hard_stop = CancellationToken::new();
     let ctx = Arc::new(Context {
         handler: handler.clone(),
         publisher,
@@ -238,11 +254,11 @@ async fn consume<H: DeliveryHandler>(
         hard_stop: hard_stop.clone(),
         broken: CancellationToken::new(),
     });
-    let tracker = TaskTracker::new();
     let result = loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             _ = lost.cancelled() => break Err(WorkerError::ConnectionLost),
+            _ = hold_failed.cancelled() => break Err(WorkerError::HolderStopped),
             p = semaphore.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break Ok(()),
@@ -254,6 +270,7 @@ async fn consume<H: DeliveryHandler>(
         let delivery = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             _ = ctx.broken.cancelled() => break Err(WorkerError::RepublishFailing),
+            _ = hold_failed.cancelled() => break Err(WorkerError::HolderStopped),
             d = consumer.next() => d,
         };
         match delivery {
@@ -276,6 +293,7 @@ async fn consume<H: DeliveryHandler>(
     // Draining or reconnecting: not ready for traffic.
     settings.health.set_consuming(false);
     watch.cancel();
+    hold_stop.cancel();
     let grace = if result.is_ok() {
         settings.shutdown_grace
     } else {

@@ -1,6 +1,7 @@
-//! The plugin-free delay backend: delay accuracy by hop count, crash
-//! safety under a broker `kill -9`, isolation between prefixes, and
-//! `status` per queue. The cascade needs no plugin: the status test runs
+//! The plugin-free delay backend: delay accuracy by hop count (and of the
+//! workers' hold for short delays), crash safety under a broker `kill -9`
+//! and of held delays under a worker `kill -9`, isolation between
+//! prefixes, and `status` per queue. The cascade needs no plugin: the status test runs
 //! on the plain system broker, the others on the test node or a private
 //! node (see `common::url_for` for why).
 
@@ -24,6 +25,11 @@ const CASCADE: DelayBackend = DelayBackend::Cascade;
 /// Publishes `delays` through the library (each notification's id is its
 /// index), returning when each publish started.
 async fn publish_delayed(b: &BrokerSettings, delays: &[Duration]) -> Vec<Instant> {
+    publish_delayed_to(b, "http://127.0.0.1:9/", delays).await
+}
+
+/// [`publish_delayed`] with notifications for `target`.
+async fn publish_delayed_to(b: &BrokerSettings, target: &str, delays: &[Duration]) -> Vec<Instant> {
     let conn = b.url.connect("cascade test").await.unwrap();
     let t = b.declare_topology(&conn).await.unwrap();
     let p = Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
@@ -32,7 +38,7 @@ async fn publish_delayed(b: &BrokerSettings, delays: &[Duration]) -> Vec<Instant
     let mut started = vec![];
     for (i, d) in delays.iter().enumerate() {
         let n = prepare(
-            &json!({"url": "http://127.0.0.1:9/", "id": i.to_string()}).to_string(),
+            &json!({"url": target, "id": i.to_string()}).to_string(),
             1 << 20,
         )
         .unwrap();
@@ -77,8 +83,9 @@ async fn collect_work(b: &BrokerSettings, n: usize, within: Duration) -> BTreeMa
 
 /// 1,000 delays over 1 ms … 20 s, exact powers of two and 2^k − 1 among
 /// them, through the cascade: none arrives early. Prints the lateness of
-/// delays ≤ 1 s and > 1 s, and by the number of queues waited in (the
-/// delay's non-zero hexadecimal digits).
+/// delays ≤ 1 s (held by a holder, as every `run` worker holds) and > 1 s,
+/// and by the number of queues waited in (the delay's non-zero
+/// hexadecimal digits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delays_are_never_early_and_lateness_by_hops_is_reported() {
     accuracy(CASCADE).await
@@ -121,9 +128,20 @@ async fn accuracy(backend: DelayBackend) {
     let (b2, n) = (b.clone(), delays.len());
     let collector =
         tokio::spawn(async move { collect_work(&b2, n, Duration::from_secs(60)).await });
+    // The work queue is the collector's, so the cascade's short delays get
+    // a holder of their own rather than a worker's.
+    let (b3, stop) = (b.clone(), tokio_util::sync::CancellationToken::new());
+    let holder = (backend == CASCADE).then(|| {
+        let stop = stop.clone();
+        tokio::spawn(async move { redeliver::hold::run(&b3, stop).await })
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = publish_delayed(&b, &delays).await;
     let seen = collector.await.unwrap();
+    stop.cancel();
+    if let Some(h) = holder {
+        h.await.unwrap().expect("the holder ran until stopped");
+    }
     cleanup(&url, &p).await;
     assert_eq!(seen.len(), delays.len(), "every delayed message arrived");
     let mut groups: BTreeMap<String, Vec<i128>> = BTreeMap::new();
@@ -139,15 +157,15 @@ async fn accuracy(backend: DelayBackend) {
             .or_default()
             .push(late);
         if backend == CASCADE {
-            let hops = redeliver::cascade::hops(ms[*i] as u32);
-            groups
-                .entry(format!("{hops} queues"))
-                .or_default()
-                .push(late);
+            let hops = match redeliver::cascade::hops(ms[*i] as u32) {
+                0 => "held".to_string(),
+                n => format!("{n} queues"),
+            };
+            groups.entry(hops).or_default().push(late);
         }
     }
     println!(
-        "{} lateness (queues waited in: the delay's non-zero hex digits):",
+        "{} lateness (held: by the holder; queues waited in: the delay's non-zero hex digits):",
         backend.as_str()
     );
     for (what, l) in &mut groups {
@@ -198,6 +216,64 @@ async fn cascade_survives_a_broker_kill() {
     );
 }
 
+/// Short delays are held by the `run` workers. One killed with `kill -9`
+/// while holding leaves its held messages unacked; the broker returns them
+/// to the hold queue and the next worker delivers every one, none before
+/// its delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_delays_survive_a_worker_kill() {
+    let (url, p) = (common::broker_url(), prefix_on("hold-kill", CASCADE));
+    let b = broker(&url, &p);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &["--delay-backend", "cascade"]);
+    let hold = format!("{p}.cascade.hold");
+    assert!(wait_consumers(&url, &hold).await, "the worker holds");
+    let delays = vec![Duration::from_millis(900); 300];
+    let started = publish_delayed_to(&b, &rx.url("/"), &delays).await;
+    let ids = || rx.requests().iter().map(|r| r.id()).collect::<HashSet<_>>();
+    let before_kill = rx.count();
+    fleet.kill9_and_restart(0);
+    let all = wait_until(Duration::from_secs(30), || ids().len() >= delays.len()).await;
+    fleet.stop();
+    cleanup(&url, &p).await;
+    println!(
+        "delivered before the kill: {before_kill}; after: {}",
+        ids().len()
+    );
+    assert!(before_kill < delays.len(), "the kill came while holding");
+    assert!(all, "{} of {} delivered", ids().len(), delays.len());
+    for r in rx.requests() {
+        let i: usize = r.id().parse().unwrap();
+        assert!(r.at >= started[i] + delays[i], "{i} delivered early");
+    }
+}
+
+/// Waits until `queue` has a consumer.
+async fn wait_consumers(url: &str, queue: &str) -> bool {
+    let conn = redeliver::AmqpUrl::new(url).connect("test").await.unwrap();
+    let mut found = false;
+    for _ in 0..150 {
+        let ch = conn.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        if let Ok(q) = ch
+            .queue_declare(queue.into(), passive, Default::default())
+            .await
+        {
+            found = q.consumer_count() > 0;
+            let _ = ch.close(200, "".into()).await;
+        }
+        if found {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = conn.close(200, "".into()).await;
+    found
+}
+
 /// Two prefixes on one broker: each worker sees only its own retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prefixes_do_not_receive_each_others_retries() {
@@ -241,8 +317,10 @@ async fn status_shows_messages_per_queue() {
     let (url, p) = (plain_broker_url(), prefix_on("levels", CASCADE));
     let b = broker(&url, &p);
     // 10 s = 0x2710 ms: its top digit is 2 at stage 3 (2 × 4,096 ms), so
-    // it waits in `<prefix>.cascade.3.2` first.
-    publish_delayed(&b, &[Duration::from_secs(10), Duration::from_secs(10)]).await;
+    // it waits in `<prefix>.cascade.3.2` first. 500 ms waits in the hold
+    // queue, for a worker (none runs yet).
+    let ten = Duration::from_secs(10);
+    publish_delayed(&b, &[ten, ten, Duration::from_millis(500)]).await;
     let s: serde_json::Value =
         serde_json::from_str(&stdout(&cli(&url, &p, &["status", "--json"]))).unwrap();
     assert_eq!(s["delay_backend"], "cascade");
@@ -253,19 +331,33 @@ async fn status_shows_messages_per_queue() {
     assert_eq!(held[0]["queue"], format!("{p}.cascade.3.2"));
     assert_eq!(held[0]["messages"], 2);
     assert_eq!(held[0]["ttl_ms"], 8192);
+    assert_eq!(s["hold"]["name"], format!("{p}.cascade.hold"));
+    assert_eq!(
+        (&s["hold"]["ready"], &s["hold"]["consumers"]),
+        (&1.into(), &0.into())
+    );
     let text = stdout(&cli(&url, &p, &["status"]));
     assert!(
         text.contains("cascade        2 waiting in 120 queues"),
         "{text}"
     );
     assert!(text.contains(&format!("{p}.cascade.3.2")), "{text}");
+    let hold_line = format!(
+        "hold           {p}.cascade.hold ready 1  held ? (needs --management-url)  holders 0"
+    );
+    assert!(text.contains(&hold_line), "{text}");
     assert!(
         text.contains("x-delayed-message not installed (not needed by the cascade)"),
         "no false alarm about the plugin: {text}"
     );
-    let arrived = collect_work(&b, 2, Duration::from_secs(30)).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (b2, s2) = (b.clone(), stop.clone());
+    let holder = tokio::spawn(async move { redeliver::hold::run(&b2, s2).await });
+    let arrived = collect_work(&b, 3, Duration::from_secs(30)).await;
+    stop.cancel();
+    holder.await.unwrap().expect("the holder ran until stopped");
     cleanup(&url, &p).await;
-    assert_eq!(arrived.len(), 2, "both left the cascade for the work queue");
+    assert_eq!(arrived.len(), 3, "all left the cascade for the work queue");
 }
 
 /// Without the plugin, the error names the cascade as the alternative.

@@ -36,9 +36,11 @@ pub async fn preload(
     prefix: &str,
     items: impl IntoIterator<Item = Item>,
 ) -> anyhow::Result<Duration> {
-    Ok(preload_windowed(conn, broker, prefix, items, WINDOW)
-        .await?
-        .took)
+    Ok(
+        preload_windowed(conn, broker, prefix, items, (WINDOW, None))
+            .await?
+            .took,
+    )
 }
 
 /// Declares `prefix`'s topology and opens a publisher on it.
@@ -65,17 +67,29 @@ pub struct Published {
 
 /// [`preload`] with at most `window` publishes awaiting their confirms. A
 /// small window keeps the publish instant close to the broker's receipt,
-/// which the delay phase needs: a message's due time starts there.
+/// which the delay phase needs: a message's due time starts there. With
+/// `per_s`, publishes start at that steady rate rather than as fast as
+/// the window allows, so backends compare under the same load.
 pub async fn preload_windowed(
     conn: &Connection,
     broker: &BrokerSettings,
     prefix: &str,
     items: impl IntoIterator<Item = Item>,
-    window: usize,
+    (window, per_s): (usize, Option<f64>),
 ) -> anyhow::Result<Published> {
     let publisher = publisher_for(conn, broker, prefix).await?;
     let started = Instant::now();
-    let lags = stream::iter(items.into_iter().map(Ok::<_, anyhow::Error>))
+    // Paced, an item is taken from `items` only when its turn comes, so a
+    // body that stamps its own due time stamps it at publish time.
+    let paced = stream::unfold((items.into_iter(), 0u32), |(mut it, i)| async move {
+        if let Some(r) = per_s {
+            let at = started + Duration::from_secs_f64(f64::from(i) / r);
+            tokio::time::sleep_until(at.into()).await;
+        }
+        let item = it.next()?;
+        Some((Ok::<_, anyhow::Error>(item), (it, i + 1)))
+    });
+    let lags = paced
         .map_ok(|item| {
             let p = publisher.clone();
             async move {
@@ -92,6 +106,22 @@ pub async fn preload_windowed(
         took: started.elapsed(),
         max_confirm: lags.into_iter().max().unwrap_or_default(),
     })
+}
+
+/// Waits, up to 30 s, until `queue` has a consumer: a worker's start-up
+/// (the cascade's 121 queues are re-declared) must not count as lateness.
+pub async fn wait_for_consumer(conn: &Connection, queue: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if crate::status::queue(conn, queue).await?.consumers > 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no worker consumed {queue} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Deletes a prefix's topology; a failure is only worth a warning.
