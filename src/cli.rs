@@ -52,7 +52,8 @@ pub struct GlobalArgs {
     )]
     pub queue_type: QueueType,
     /// How retries wait: the x-delayed-message plugin, or a cascade of TTL
-    /// quorum queues that needs no plugin (RabbitMQ 4.3+, managed brokers).
+    /// quorum queues that needs no plugin (RabbitMQ 4.3+, managed brokers;
+    /// delays of 1 s or less are then held by the `run` workers).
     #[arg(
         long,
         global = true,

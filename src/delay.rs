@@ -24,8 +24,9 @@ pub enum DelayBackend {
     /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
     #[default]
     Plugin,
-    /// A cascade of TTL quorum queues ([`crate::cascade`]): no plugin, for
-    /// RabbitMQ 4.3+ and managed brokers.
+    /// A cascade of TTL quorum queues, delays of 1 s or less held by the
+    /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers
+    /// (`crate::cascade`, `crate::hold`).
     Cascade,
 }
 

@@ -204,7 +204,9 @@ async fn summary(
     let waited = match delay {
         DelayBackend::Plugin => format!("republished to {} with an x-delay", topology.retry),
         DelayBackend::Cascade => format!(
-            "republished into the delay cascade ({}.cascade.*, TTL quorum queues) for a delay",
+            "republished into the delay cascade for a delay (up to 1 s held by the worker in {}, \
+             longer through TTL quorum queues {}.cascade.<s>.<d>)",
+            crate::cascade::hold(topology),
             topology.prefix
         ),
     };

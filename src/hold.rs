@@ -31,7 +31,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::cascade;
 use crate::config::BrokerSettings;
@@ -125,7 +125,7 @@ impl Holder {
                 FieldTable::default(),
             )
             .await?;
-        debug!(%queue, "holding short delays");
+        info!(%queue, max_ms = cascade::HOLD_MAX_MS, "holding short delays");
         Ok(Holder {
             channel,
             consumer,
@@ -232,7 +232,6 @@ pub async fn run(broker: &BrokerSettings, shutdown: CancellationToken) -> Result
     let conn = broker.url.connect("redeliver holder").await?;
     let topology = broker.declare_topology(&conn).await?;
     let holder = Holder::start(&conn, &topology, Duration::from_secs(30)).await?;
-    info!(queue = %cascade::hold(&topology), "holding short delays");
     let (tracker, hard_stop) = (TaskTracker::new(), CancellationToken::new());
     let result = holder
         .serve(shutdown, hard_stop.clone(), tracker.clone())

@@ -185,7 +185,8 @@ async fn accuracy(backend: DelayBackend) {
     );
 }
 
-/// 2,000 messages held in the cascade survive a broker `kill -9`. On
+/// 2,000 messages held in the cascade, and 200 short delays in its hold
+/// queue, survive a broker `kill -9`. On
 /// RabbitMQ 3.10 a queue's dead-letter worker can start before the
 /// exchanges are recovered; it then retries after
 /// `dead_letter_worker_publisher_confirm_timeout` (180 s by default), so
@@ -195,16 +196,26 @@ async fn cascade_survives_a_broker_kill() {
     let (node, url) = OwnNode::up(5692).await;
     let p = prefix_on("crash", CASCADE);
     let b = broker(&url, &p);
-    let delays: Vec<Duration> = (0..2000)
-        .map(|i| Duration::from_millis(3000 + (i % 500) * 7))
+    // 2,000 in the stages, then 200 short ones in the hold queue.
+    let delays: Vec<Duration> = (0..2200)
+        .map(|i| match i {
+            0..2000 => Duration::from_millis(3000 + (i % 500) * 7),
+            _ => Duration::from_millis(1 + i % 1000),
+        })
         .collect();
     publish_delayed(&b, &delays).await;
     node.ctl(&["kill"]).await;
     node.ctl(&["up"]).await;
     let restarted = Instant::now();
+    let (b2, stop) = (b.clone(), tokio_util::sync::CancellationToken::new());
+    let s2 = stop.clone();
+    let holder = tokio::spawn(async move { redeliver::hold::run(&b2, s2).await });
     let seen = collect_work(&b, delays.len(), Duration::from_secs(300)).await;
     println!("all arrived {:?} after the restart", restarted.elapsed());
+    stop.cancel();
+    let held = holder.await.unwrap();
     node.down().await;
+    held.expect("the holder ran until stopped");
     let missing: Vec<usize> = (0..delays.len())
         .filter(|i| !seen.contains_key(i))
         .collect();
