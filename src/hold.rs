@@ -38,6 +38,7 @@ use crate::config::BrokerSettings;
 use crate::delay::DelayBackend;
 use crate::publish::Publisher;
 use crate::state::{self, H_DELAY};
+use crate::telemetry;
 use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +127,8 @@ impl Holder {
             )
             .await?;
         info!(%queue, max_ms = cascade::HOLD_MAX_MS, "holding short delays");
+        // Present from the start, so dashboards see 0, not "no data".
+        metrics::gauge!(telemetry::HELD).increment(0.0);
         Ok(Holder {
             channel,
             consumer,
@@ -200,6 +203,7 @@ async fn hold_one(
     hard_stop: CancellationToken,
     failed: CancellationToken,
 ) {
+    let _held = Held::new();
     let wait = wait_of(d.properties.headers().as_ref());
     tokio::select! {
         _ = hard_stop.cancelled() => {
@@ -221,6 +225,22 @@ async fn hold_one(
             warn!(error = %e, "releasing a held message failed; it stays in the hold queue");
             failed.cancel();
         }
+    }
+}
+
+/// One held message in the `redeliver_held` gauge, for as long as it lives.
+struct Held;
+
+impl Held {
+    fn new() -> Self {
+        metrics::gauge!(telemetry::HELD).increment(1.0);
+        Held
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        metrics::gauge!(telemetry::HELD).decrement(1.0);
     }
 }
 

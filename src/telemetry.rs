@@ -88,6 +88,7 @@ pub const CONCURRENCY: &str = "redeliver_concurrency_limit";
 pub const CONFIRMS_PENDING: &str = "redeliver_republish_confirms_pending";
 pub const RECONNECTS: &str = "redeliver_reconnects_total";
 pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
+pub const HELD: &str = "redeliver_held";
 
 /// Describes the metrics, so `/metrics` carries `# HELP` lines.
 pub fn describe_metrics() {
@@ -118,6 +119,10 @@ pub fn describe_metrics() {
     describe_gauge!(
         DEAD_LETTERS,
         "Messages in the dead-letter queue at the last check"
+    );
+    describe_gauge!(
+        HELD,
+        "Short delays this worker holds until due (--delay-backend cascade)"
     );
 }
 

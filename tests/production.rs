@@ -177,6 +177,57 @@ impl Proc {
     }
 }
 
+/// With the cascade, a worker holds short delays and counts them in
+/// `redeliver_held` until it releases them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_gauge_counts_short_delays() {
+    let cascade = redeliver::delay::DelayBackend::Cascade;
+    let (url, p) = (broker_url(), common::prefix_on("held", cascade));
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let args = ["--admin-addr", "127.0.0.1:0", "--delay-backend", "cascade"];
+    let mut w = Proc::start(&url, &p, &args);
+    let admin = w.admin().await;
+    assert!(ready(&admin).await, "not ready while consuming");
+    let b = broker(&url, &p);
+    let conn = b.url.connect("test").await.unwrap();
+    let t = b.declare_topology(&conn).await.unwrap();
+    let publisher = redeliver::publish::Publisher::new(&conn, t, cascade, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let body = json!({"url": rx.url("/ok"), "id": format!("h-{i}")}).to_string();
+        let n = redeliver::publish::prepare(&body, 1 << 20).unwrap();
+        let delay = Some(Duration::from_millis(1000));
+        publisher.publish_new(&n, delay).await.unwrap();
+    }
+    let _ = conn.close(200, "".into()).await;
+    let mut held_now = String::new();
+    for _ in 0..40 {
+        held_now = get(&format!("{admin}/metrics")).await.1;
+        if held_now.contains("redeliver_held 5") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(wait_until(Duration::from_secs(20), || rx.count() >= 5).await);
+    let mut after = String::new();
+    for _ in 0..50 {
+        after = get(&format!("{admin}/metrics")).await.1;
+        if after.contains("redeliver_held 0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sigterm(&w.child);
+    wait_exit(&mut w.child, Duration::from_secs(30));
+    cleanup(&url, &p).await;
+    // All five are held at once: they were published within far less
+    // than the 1 s they are held for.
+    assert!(held_now.contains("redeliver_held 5"), "{held_now}");
+    assert!(after.contains("redeliver_held 0"), "{after}");
+    assert!(after.contains("# HELP redeliver_held"), "{after}");
+}
+
 async fn get(url: &str) -> (u16, String) {
     let r = reqwest::get(url).await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
