@@ -115,6 +115,7 @@ pub fn worker_settings(
     Ok(WorkerSettings {
         concurrency,
         prefetch,
+        hold_prefetch: args.hold_prefetch,
         policy,
         rules: SuccessRules {
             permanent_status: args.permanent_status.clone(),

@@ -73,8 +73,12 @@ pub fn is_held(delay_ms: u32) -> bool {
 }
 
 /// Sets a held message's due time: `now_us` (microseconds since the Unix
-/// epoch) plus `delay_ms`.
+/// epoch) plus `delay_ms`. A clock that reads 0 (set before 1970) sets
+/// none, and the holder then waits the whole delay from arrival.
 pub fn hold_entry(delay_ms: u32, now_us: u128, headers: &mut FieldTable) {
+    if now_us == 0 {
+        return;
+    }
     let due = now_us + u128::from(delay_ms) * 1000;
     let due = i64::try_from(due).unwrap_or(i64::MAX);
     headers.insert(DUE_HEADER.into(), AMQPValue::LongLongInt(due));
@@ -151,7 +155,7 @@ pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
     exchange(ch, &out, ExchangeKind::Fanout).await?;
     t.bind(ch, &out, "").await?;
     let hold = hold(t);
-    ch.queue_declare(hold.as_str().into(), durable(), hold_args())
+    ch.queue_declare(hold.as_str().into(), durable(), hold_args(&out))
         .await
         .map_err(|e| classify("queue", &hold, e))?;
     for s in 0..STAGES {
@@ -212,15 +216,23 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
-/// The hold queue: no TTL and no dead-lettering. A message leaves it only
-/// when a worker acks it, after its released copy was confirmed.
-fn hold_args() -> FieldTable {
+/// The hold queue: no TTL. A message leaves it when a worker acks it,
+/// after its released copy was confirmed.
+fn hold_args(out: &str) -> FieldTable {
     let mut a = FieldTable::default();
+    let s = |v: &str| AMQPValue::LongString(v.into());
     // x-queue-type: quorum, fsync'd before the delayed publish is confirmed.
-    a.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    a.insert("x-queue-type".into(), s("quorum"));
+    // x-dead-letter-exchange: the exit, for a message the broker would
+    // otherwise drop: quorum queues on RabbitMQ 4.0+ drop a message
+    // returned more than `delivery-limit` (default 20) times, and every
+    // holder crash or shutdown returns what it held. Early, not lost.
+    a.insert("x-dead-letter-exchange".into(), s(out));
+    // x-dead-letter-strategy: at-least-once: it leaves only once the exit
+    // confirmed it.
+    a.insert("x-dead-letter-strategy".into(), s("at-least-once"));
+    // x-overflow: reject-publish, which at-least-once dead-lettering needs.
+    a.insert("x-overflow".into(), s("reject-publish"));
     a
 }
 
@@ -317,6 +329,9 @@ mod tests {
         let due = h.inner().get(DUE_HEADER);
         assert_eq!(due, Some(&AMQPValue::LongLongInt(1_700_000_000_250_001)));
         assert!(is_cascade_header(DUE_HEADER));
+        let mut h = FieldTable::default();
+        hold_entry(250, 0, &mut h);
+        assert!(h.inner().is_empty(), "a clock before 1970 sets no due time");
     }
 
     #[test]

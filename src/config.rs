@@ -105,6 +105,9 @@ pub struct WorkerSettings {
     /// The AMQP prefetch; `None`: concurrency plus room for deliveries past
     /// their attempt (see [`crate::worker::prefetch`]).
     pub prefetch: Option<usize>,
+    /// With the cascade, the most short delays held at once
+    /// ([`crate::hold`]).
+    pub hold_prefetch: u16,
     pub policy: RetryPolicy,
     pub rules: SuccessRules,
     pub max_message_bytes: usize,
@@ -142,6 +145,7 @@ impl Default for WorkerSettings {
         WorkerSettings {
             concurrency: 32,
             prefetch: None,
+            hold_prefetch: crate::hold::PREFETCH,
             policy: RetryPolicy::default(),
             rules: SuccessRules::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

@@ -102,7 +102,7 @@ impl DelayBackend {
 }
 
 /// This host's clock in microseconds since the Unix epoch (0 for a clock
-/// set before 1970: the message is then released on arrival, not lost).
+/// set before 1970, which [`crate::cascade::hold_entry`] does not trust).
 pub(crate) fn now_us() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

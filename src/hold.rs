@@ -34,9 +34,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::cascade;
-use crate::config::BrokerSettings;
+use crate::config::{BrokerSettings, WorkerSettings};
 use crate::delay::DelayBackend;
-use crate::publish::Publisher;
+use crate::publish::{PublishError, Publisher};
 use crate::state::{self, H_DELAY};
 use crate::telemetry;
 use crate::topology::{Topology, TopologyError};
@@ -53,9 +53,10 @@ pub enum HoldError {
     ReleaseFailing,
 }
 
-/// Messages one holder keeps at once (its prefetch). With delays ≤ 1 s
-/// that releases at least this many per second per worker before messages
-/// wait in the queue; each held message costs its size in memory.
+/// Messages one holder keeps at once (its prefetch) by default
+/// (`--hold-prefetch`). With delays ≤ 1 s a holder releases up to about
+/// this many per second before messages wait in the queue; each held
+/// message costs its size in memory.
 pub const PREFETCH: u16 = 8_192;
 
 /// Confirm channels the releases are spread over.
@@ -65,12 +66,13 @@ const CHANNELS: usize = 2;
 /// µs since the Unix epoch): until `due_us`, but not longer than its
 /// delay from now (a publisher's clock ahead of ours) and not at all when
 /// that has passed (a redelivery after a holder crashed). Without a due
-/// time, the whole delay from now: late rather than early.
+/// time, the whole delay from now: late rather than early. The delay
+/// (`x-delay`) is capped at [`cascade::HOLD_MAX_MS`], all the hold queue
+/// is for, and taken as that when missing or malformed, so bad headers
+/// make a message late, never early, and never pin a slot for longer.
 pub fn hold_for(due_us: Option<i64>, delay_ms: Option<i64>, now_us: u128) -> Duration {
-    let delay_us = delay_ms
-        .unwrap_or(0)
-        .clamp(0, i64::from(cascade::HOLD_MAX_MS)) as u128
-        * 1000;
+    let max = i64::from(cascade::HOLD_MAX_MS);
+    let delay_us = delay_ms.unwrap_or(max).clamp(0, max) as u128 * 1000;
     let due_us = match due_us {
         Some(us) => u128::try_from(us).unwrap_or(0),
         None => now_us + delay_us,
@@ -102,20 +104,20 @@ impl Holder {
     pub async fn start(
         conn: &Connection,
         topology: &Topology,
-        confirm_timeout: Duration,
+        settings: &WorkerSettings,
     ) -> Result<Self, HoldError> {
         let publisher = Publisher::with_channels(
             conn,
             CHANNELS,
             topology.clone(),
             DelayBackend::Cascade,
-            confirm_timeout,
+            settings.confirm_timeout,
         )
         .await?;
         let channel = conn.create_channel().await?;
         // prefetch: at most this many held (unacked) messages at once.
         channel
-            .basic_qos(PREFETCH, BasicQosOptions::default())
+            .basic_qos(settings.hold_prefetch, BasicQosOptions::default())
             .await?;
         let queue = cascade::hold(topology);
         let consumer = channel
@@ -145,33 +147,36 @@ impl Holder {
         hard_stop: CancellationToken,
         tracker: TaskTracker,
     ) -> Result<(), HoldError> {
-        let publisher = Arc::new(self.publisher);
-        let failed = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            publisher: self.publisher,
+            channel: self.channel,
+            hard_stop,
+            failed: CancellationToken::new(),
+        });
         let result = loop {
             let next = tokio::select! {
                 _ = stop.cancelled() => break Ok(()),
-                _ = failed.cancelled() => break Err(HoldError::ReleaseFailing),
+                _ = shared.failed.cancelled() => break Err(HoldError::ReleaseFailing),
                 d = self.consumer.next() => d,
             };
             match next {
                 Some(Ok(d)) => {
-                    let (p, h, f) = (publisher.clone(), hard_stop.clone(), failed.clone());
-                    tracker.spawn(hold_one(p, d, h, f));
+                    tracker.spawn(hold_one(shared.clone(), d));
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => break Err(HoldError::ConsumerCancelled),
             }
         };
+        // Deliveries the broker sent but this loop did not take return to
+        // the queue when the channel closes: after the last held task.
         let tag = self.consumer.tag();
-        let _ = self
+        let _ = shared
             .channel
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
             .await;
         result
     }
-}
 
-impl Holder {
     /// [`serve`](Holder::serve) as a task on `tracker`. Returns a token
     /// that is cancelled if the holder fails, for the caller to end its
     /// session on.
@@ -194,38 +199,70 @@ impl Holder {
     }
 }
 
-/// Holds one message until due, releases it with a confirm, then acks it.
-/// A failed release leaves it unacked: the session ends on `failed`, and
-/// the broker requeues it when the channel closes.
-async fn hold_one(
-    publisher: Arc<Publisher>,
-    d: Delivery,
+/// What the held messages' tasks share. The channel lives here, not only
+/// in the holder: a lapin channel closes when its last handle is dropped,
+/// and the broker would then requeue messages that their tasks are still
+/// going to release, so each would be delivered twice.
+struct Shared {
+    publisher: Publisher,
+    channel: Channel,
     hard_stop: CancellationToken,
+    /// Cancelled by a release that failed for a reason a new session may
+    /// cure (unroutable: the topology is re-declared; no confirm; a closed
+    /// channel).
     failed: CancellationToken,
-) {
+}
+
+/// After a broker nack (say a full work queue), a held message goes back
+/// to the hold queue this much later, so that it neither spins nor ends
+/// the session.
+const NACKED_PAUSE: Duration = Duration::from_secs(1);
+
+/// Holds one message until due, releases it with a confirm, then acks it.
+/// A message whose release failed stays unacked or is requeued: it goes
+/// out later, from this holder or another.
+async fn hold_one(s: Arc<Shared>, d: Delivery) {
     let _held = Held::new();
     let wait = wait_of(d.properties.headers().as_ref());
     tokio::select! {
-        _ = hard_stop.cancelled() => {
-            let requeue = BasicNackOptions { requeue: true, ..Default::default() };
-            let _ = d.acker.nack(requeue).await;
-            return;
-        }
+        _ = s.hard_stop.cancelled() => return requeue(&d).await,
         _ = tokio::time::sleep(wait) => {}
     }
-    match publisher.release(&d.data, d.properties.clone()).await {
-        Ok(()) => {
-            if let Err(e) = d.acker.ack(BasicAckOptions::default()).await {
-                // Released but still in the hold queue: it is released
-                // again when redelivered, a duplicate, not a loss.
-                warn!(error = %e, "acking a released message failed; it may be delivered twice");
+    // Back in the queue already (the channel failed): another holder has it.
+    if !d.acker.usable() {
+        return;
+    }
+    match s.publisher.release(&d.data, d.properties.clone()).await {
+        Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => {}
+            // Released but still in the hold queue: it is released again
+            // when redelivered, a duplicate, not a loss.
+            Ok(false) => warn!("a released message could not be acked; it may be delivered twice"),
+            Err(e) => {
+                warn!(error = %e, "acking a released message failed; it may be delivered twice")
             }
+        },
+        Err(PublishError::Nacked) => {
+            warn!(retry_in = ?NACKED_PAUSE, "the broker refused a released message; it returns to the hold queue");
+            tokio::select! {
+                _ = s.hard_stop.cancelled() => {}
+                _ = tokio::time::sleep(NACKED_PAUSE) => {}
+            }
+            requeue(&d).await;
         }
         Err(e) => {
             warn!(error = %e, "releasing a held message failed; it stays in the hold queue");
-            failed.cancel();
+            s.failed.cancel();
         }
     }
+}
+
+async fn requeue(d: &Delivery) {
+    let requeue = BasicNackOptions {
+        requeue: true,
+        ..Default::default()
+    };
+    let _ = d.acker.nack(requeue).await;
 }
 
 /// One held message in the `redeliver_held` gauge, for as long as it lives.
@@ -246,12 +283,17 @@ impl Drop for Held {
 
 /// A holder on its own connection, until `shutdown`: for embedders and
 /// tests that consume the work queue themselves. `run` workers hold
-/// already (see [`crate::worker::run`]). Returns an error when the
+/// already (see [`crate::worker::run`]). It declares the prefix's cascade
+/// whatever `broker.delay` says. Returns an error when the
 /// connection or a release fails; held messages then return to the queue.
 pub async fn run(broker: &BrokerSettings, shutdown: CancellationToken) -> Result<(), HoldError> {
     let conn = broker.url.connect("redeliver holder").await?;
-    let topology = broker.declare_topology(&conn).await?;
-    let holder = Holder::start(&conn, &topology, Duration::from_secs(30)).await?;
+    // The cascade's topology, whichever backend `broker` names: holding
+    // is the cascade's.
+    let topology = Topology::new(&broker.prefix);
+    let cascade = DelayBackend::Cascade;
+    topology.declare(&conn, broker.queue_type, cascade).await?;
+    let holder = Holder::start(&conn, &topology, &WorkerSettings::default()).await?;
     let (tracker, hard_stop) = (TaskTracker::new(), CancellationToken::new());
     let result = holder
         .serve(shutdown, hard_stop.clone(), tracker.clone())
@@ -292,9 +334,13 @@ mod tests {
         // A publisher clock an hour ahead: the delay from now, no more.
         let hour_ahead = NOW as i64 + 3_600_000_000;
         assert_eq!(ms(hold_for(Some(hour_ahead), Some(500), NOW)), 500);
-        // No due time: the whole delay from now. No delay either: at once.
+        // No due time: the whole delay from now.
         assert_eq!(ms(hold_for(None, Some(40), NOW)), 40);
-        assert_eq!(hold_for(None, None, NOW), Duration::ZERO);
+        // No delay: the longest a held delay can be, from now, whatever
+        // the due time says.
+        assert_eq!(ms(hold_for(None, None, NOW)), 1000);
+        let due = Some(NOW as i64 + 300_000);
+        assert_eq!(ms(hold_for(due, None, NOW)), 300);
         // A forged delay is capped at what the hold queue is for.
         assert_eq!(ms(hold_for(None, Some(i64::MAX), NOW)), 1000);
         assert_eq!(hold_for(Some(-5), Some(-5), NOW), Duration::ZERO);

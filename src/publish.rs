@@ -212,12 +212,15 @@ impl Publisher {
 ///   dead-lettering cycle on its next delay through a queue it passed
 ///   before, and the broker would never hand it on (RabbitMQ's cycle
 ///   detection).
+/// - `x-delivery-count`, which quorum queues add to a redelivered message
+///   (the hold queue's, for one): it counts another queue's deliveries.
 /// - the cascade's digits and due time of the last delay
 ///   ([`crate::cascade::is_cascade_header`]): a delayed copy gets its own,
 ///   and elsewhere they mean nothing.
 pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
         !(k == "x-death"
+            || k == "x-delivery-count"
             || k.starts_with("x-first-death-")
             || k.starts_with("x-last-death-")
             || crate::cascade::is_cascade_header(k))

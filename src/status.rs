@@ -112,7 +112,7 @@ pub(crate) async fn queue(
 
 /// Passive declares that share one channel while the queues exist: a
 /// missing queue closes the channel (a soft error), and only then is a new
-/// one opened. `status` reads up to 122 queues, mostly existing ones.
+/// one opened. `status` reads up to 123 queues, mostly existing ones.
 struct Probe<'a> {
     conn: &'a lapin::Connection,
     channel: Option<lapin::Channel>,

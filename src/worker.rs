@@ -222,7 +222,7 @@ async fn consume<H: DeliveryHandler>(
         // With the cascade, every worker also holds its prefix's short
         // delays; held messages are tasks on `tracker`, drained like
         // deliveries.
-        DelayBackend::Cascade => Holder::start(conn, &topology, settings.confirm_timeout)
+        DelayBackend::Cascade => Holder::start(conn, &topology, settings)
             .await?
             .spawn(&tracker, &hold_stop, &hard_stop),
         DelayBackend::Plugin => CancellationToken::new(),

@@ -259,6 +259,35 @@ async fn held_delays_survive_a_worker_kill() {
     }
 }
 
+/// A worker stopped gracefully (SIGTERM) while holding releases what it
+/// holds before it exits, and each is delivered once: nothing it released
+/// goes back to the hold queue to be released again by the next worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_releases_held_delays_once() {
+    let (url, p) = (common::broker_url(), prefix_on("hold-stop", CASCADE));
+    let b = broker(&url, &p);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let args = ["--delay-backend", "cascade"];
+    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &args);
+    let hold = format!("{p}.cascade.hold");
+    assert!(wait_consumers(&url, &hold).await, "the worker holds");
+    let delays = vec![Duration::from_millis(1000); 20];
+    publish_delayed_to(&b, &rx.url("/"), &delays).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = fleet.stop();
+    let left_in_hold = queue_len(&url, &hold).await;
+    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &args);
+    let all = wait_until(Duration::from_secs(20), || rx.count() >= delays.len()).await;
+    // Time for any second copy to arrive too.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fleet.stop();
+    cleanup(&url, &p).await;
+    assert!(stopped.iter().all(|s| s.success()), "{stopped:?}");
+    assert!(all, "{} of {} delivered", rx.count(), delays.len());
+    assert_eq!(left_in_hold, 0, "nothing went back to the hold queue");
+    assert_eq!(rx.count(), delays.len(), "each delivered once");
+}
+
 /// Waits until `queue` has a consumer.
 async fn wait_consumers(url: &str, queue: &str) -> bool {
     let conn = redeliver::AmqpUrl::new(url).connect("test").await.unwrap();
