@@ -197,8 +197,20 @@ pub(crate) fn work_args(queue_type: QueueType) -> FieldTable {
     };
     // x-queue-type: quorum replicates and fsyncs every enqueue before confirming.
     a.insert("x-queue-type".into(), AMQPValue::LongString(t.into()));
+    if queue_type == QueueType::Quorum {
+        // x-delivery-limit: effectively none. RabbitMQ 4.0+ gives quorum
+        // queues a default of 20 and drops a message returned more often
+        // than that; every worker crash or shutdown returns what it held.
+        a.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(WORK_DELIVERY_LIMIT),
+        );
+    }
     a
 }
+
+/// See [`work_args`]: high enough never to be reached.
+pub const WORK_DELIVERY_LIMIT: i64 = 1_000_000;
 
 /// The dead-letter queue is classic: it is browsed by consuming without
 /// acking, and a classic queue requeues in order without adding headers.

@@ -118,6 +118,26 @@ async fn single_publish_with_flags_and_delay_is_delivered_late() {
     cleanup(&url, &p).await;
 }
 
+/// A quorum work queue gets a delivery limit it never reaches, instead of
+/// RabbitMQ 4.0+'s default of 20, past which a message would be dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_work_queue_has_no_reachable_delivery_limit() {
+    let (url, p) = (broker_url(), prefix("dlimit"));
+    let o = redeliver(&url, &p, &["publish", "--url", "http://127.0.0.1:9/"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let port = common::default_port();
+    let args = ["rabbitmqctl", "-q", "list_queues", "name", "arguments"];
+    let queues = common::ctl_output(port, &args);
+    cleanup(&url, &p).await;
+    let work = format!("{p}.work");
+    let line = queues
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(work.as_str()));
+    let line = line.unwrap_or_else(|| panic!("{work} not listed:\n{queues}"));
+    assert!(line.contains("x-delivery-limit"), "{line}");
+    assert!(line.contains("1000000"), "{line}");
+}
+
 /// `--queue-type` matters only when the work queue is first declared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_type_is_needed_only_once() {
