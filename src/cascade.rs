@@ -75,11 +75,11 @@ pub fn is_held(delay_ms: u32) -> bool {
 /// Sets a held message's due time: `now_us` (microseconds since the Unix
 /// epoch) plus `delay_ms`. A clock that reads 0 (set before 1970) sets
 /// none, and the holder then waits the whole delay from arrival.
-pub fn hold_entry(delay_ms: u32, now_us: u128, headers: &mut FieldTable) {
+pub fn hold_entry(delay_ms: u32, now_us: u64, headers: &mut FieldTable) {
     if now_us == 0 {
         return;
     }
-    let due = now_us + u128::from(delay_ms) * 1000;
+    let due = now_us.saturating_add(u64::from(delay_ms) * 1000);
     let due = i64::try_from(due).unwrap_or(i64::MAX);
     headers.insert(DUE_HEADER.into(), AMQPValue::LongLongInt(due));
 }
@@ -155,7 +155,9 @@ pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
     exchange(ch, &out, ExchangeKind::Fanout).await?;
     t.bind(ch, &out, "").await?;
     let hold = hold(t);
-    ch.queue_declare(hold.as_str().into(), durable(), hold_args(&out))
+    // The hold queue has no TTL: a message leaves it when a worker acks
+    // it, after its released copy was confirmed.
+    ch.queue_declare(hold.as_str().into(), durable(), dead_lettering(&out))
         .await
         .map_err(|e| classify("queue", &hold, e))?;
     for s in 0..STAGES {
@@ -216,38 +218,29 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
-/// The hold queue: no TTL. A message leaves it when a worker acks it,
-/// after its released copy was confirmed.
-fn hold_args(out: &str) -> FieldTable {
-    let mut a = FieldTable::default();
-    let s = |v: &str| AMQPValue::LongString(v.into());
-    // x-queue-type: quorum, fsync'd before the delayed publish is confirmed.
-    a.insert("x-queue-type".into(), s("quorum"));
-    // x-dead-letter-exchange: the exit, for a message the broker would
-    // otherwise drop: quorum queues on RabbitMQ 4.0+ drop a message
-    // returned more than `delivery-limit` (default 20) times, and every
-    // holder crash or shutdown returns what it held. Early, not lost.
-    a.insert("x-dead-letter-exchange".into(), s(out));
-    // x-dead-letter-strategy: at-least-once: it leaves only once the exit
-    // confirmed it.
-    a.insert("x-dead-letter-strategy".into(), s("at-least-once"));
-    // x-overflow: reject-publish, which at-least-once dead-lettering needs.
-    a.insert("x-overflow".into(), s("reject-publish"));
-    a
-}
-
+/// A stage's queue: [`dead_lettering`] to `next`, after `ttl_ms`.
 fn queue_args(ttl_ms: u64, next: &str) -> FieldTable {
-    let mut a = FieldTable::default();
-    let s = |v: &str| AMQPValue::LongString(v.into());
-    // x-queue-type: quorum, a replicated Raft log fsync'd before confirming.
-    a.insert("x-queue-type".into(), s("quorum"));
+    let mut a = dead_lettering(next);
     // x-message-ttl: every message of this queue waits exactly this long.
     a.insert(
         "x-message-ttl".into(),
         AMQPValue::LongLongInt(ttl_ms as i64),
     );
-    // x-dead-letter-exchange: on expiry, on to the next stage down (the
-    // headers are kept, so the next stage reads its own digit).
+    a
+}
+
+/// A quorum queue that dead-letters to `next` without ever dropping: the
+/// stages' queues on expiry, and the hold queue for a message the broker
+/// would otherwise drop (quorum queues on RabbitMQ 4.0+ drop one returned
+/// more than `delivery-limit`, default 20, times, and every holder crash
+/// or shutdown returns what it held: early, not lost).
+fn dead_lettering(next: &str) -> FieldTable {
+    let mut a = FieldTable::default();
+    let s = |v: &str| AMQPValue::LongString(v.into());
+    // x-queue-type: quorum, a replicated Raft log fsync'd before confirming.
+    a.insert("x-queue-type".into(), s("quorum"));
+    // x-dead-letter-exchange: on to `next` (the headers are kept, so the
+    // next stage reads its own digit).
     a.insert("x-dead-letter-exchange".into(), s(next));
     // x-dead-letter-strategy: at-least-once: the message leaves this queue
     // only once the next hop confirmed it; a crash mid-hop loses nothing.

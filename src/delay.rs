@@ -25,8 +25,8 @@ pub enum DelayBackend {
     #[default]
     Plugin,
     /// A cascade of TTL quorum queues, delays of 1 s or less held by the
-    /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers
-    /// (`crate::cascade`, `crate::hold`).
+    /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers.
+    // See `crate::cascade` and `crate::hold`.
     Cascade,
 }
 
@@ -103,9 +103,9 @@ impl DelayBackend {
 
 /// This host's clock in microseconds since the Unix epoch (0 for a clock
 /// set before 1970, which [`crate::cascade::hold_entry`] does not trust).
-pub(crate) fn now_us() -> u128 {
+pub fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros())
+        .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
 }

@@ -24,9 +24,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
@@ -34,11 +32,12 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::cascade;
-use crate::config::{BrokerSettings, WorkerSettings};
+use crate::config::BrokerSettings;
 use crate::delay::DelayBackend;
+use crate::process::requeue;
 use crate::publish::{PublishError, Publisher};
 use crate::state::{self, H_DELAY};
-use crate::telemetry;
+use crate::telemetry::{self, GaugeGuard};
 use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +58,7 @@ pub enum HoldError {
 /// message costs its size in memory.
 pub const PREFETCH: u16 = 8_192;
 
-/// Confirm channels the releases are spread over.
+/// Confirm channels [`run`]'s releases are spread over.
 const CHANNELS: usize = 2;
 
 /// How long to hold a message that arrives at `now_us` (this host's clock,
@@ -70,15 +69,15 @@ const CHANNELS: usize = 2;
 /// (`x-delay`) is capped at [`cascade::HOLD_MAX_MS`], all the hold queue
 /// is for, and taken as that when missing or malformed, so bad headers
 /// make a message late, never early, and never pin a slot for longer.
-pub fn hold_for(due_us: Option<i64>, delay_ms: Option<i64>, now_us: u128) -> Duration {
+pub fn hold_for(due_us: Option<i64>, delay_ms: Option<i64>, now_us: u64) -> Duration {
     let max = i64::from(cascade::HOLD_MAX_MS);
-    let delay_us = delay_ms.unwrap_or(max).clamp(0, max) as u128 * 1000;
+    let delay_us = delay_ms.unwrap_or(max).clamp(0, max) as u64 * 1000;
+    let latest = now_us.saturating_add(delay_us);
     let due_us = match due_us {
-        Some(us) => u128::try_from(us).unwrap_or(0),
-        None => now_us + delay_us,
+        Some(us) => u64::try_from(us).unwrap_or(0),
+        None => latest,
     };
-    let until = due_us.clamp(now_us, now_us + delay_us);
-    Duration::from_micros(u64::try_from(until - now_us).unwrap_or(u64::MAX))
+    Duration::from_micros(due_us.clamp(now_us, latest) - now_us)
 }
 
 /// [`hold_for`] with the message's own headers.
@@ -99,25 +98,20 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// Opens the holder's channels on `conn` and starts consuming the
-    /// prefix's hold queue (declared with the cascade's topology).
+    /// Opens the holder's channel on `conn` and starts consuming the
+    /// prefix's hold queue (declared with the cascade's topology), holding
+    /// at most `prefetch` messages. Releases go out through `publisher`
+    /// (a worker's own, whose channels it shares).
     pub async fn start(
         conn: &Connection,
         topology: &Topology,
-        settings: &WorkerSettings,
+        publisher: Publisher,
+        prefetch: u16,
     ) -> Result<Self, HoldError> {
-        let publisher = Publisher::with_channels(
-            conn,
-            CHANNELS,
-            topology.clone(),
-            DelayBackend::Cascade,
-            settings.confirm_timeout,
-        )
-        .await?;
         let channel = conn.create_channel().await?;
         // prefetch: at most this many held (unacked) messages at once.
         channel
-            .basic_qos(settings.hold_prefetch, BasicQosOptions::default())
+            .basic_qos(prefetch, BasicQosOptions::default())
             .await?;
         let queue = cascade::hold(topology);
         let consumer = channel
@@ -222,10 +216,13 @@ const NACKED_PAUSE: Duration = Duration::from_secs(1);
 /// A message whose release failed stays unacked or is requeued: it goes
 /// out later, from this holder or another.
 async fn hold_one(s: Arc<Shared>, d: Delivery) {
-    let _held = Held::new();
+    let _held = GaugeGuard::new(telemetry::HELD);
     let wait = wait_of(d.properties.headers().as_ref());
     tokio::select! {
-        _ = s.hard_stop.cancelled() => return requeue(&d).await,
+        _ = s.hard_stop.cancelled() => {
+            let _ = d.acker.nack(requeue()).await;
+            return;
+        }
         _ = tokio::time::sleep(wait) => {}
     }
     // Back in the queue already (the channel failed): another holder has it.
@@ -248,36 +245,12 @@ async fn hold_one(s: Arc<Shared>, d: Delivery) {
                 _ = s.hard_stop.cancelled() => {}
                 _ = tokio::time::sleep(NACKED_PAUSE) => {}
             }
-            requeue(&d).await;
+            let _ = d.acker.nack(requeue()).await;
         }
         Err(e) => {
             warn!(error = %e, "releasing a held message failed; it stays in the hold queue");
             s.failed.cancel();
         }
-    }
-}
-
-async fn requeue(d: &Delivery) {
-    let requeue = BasicNackOptions {
-        requeue: true,
-        ..Default::default()
-    };
-    let _ = d.acker.nack(requeue).await;
-}
-
-/// One held message in the `redeliver_held` gauge, for as long as it lives.
-struct Held;
-
-impl Held {
-    fn new() -> Self {
-        metrics::gauge!(telemetry::HELD).increment(1.0);
-        Held
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        metrics::gauge!(telemetry::HELD).decrement(1.0);
     }
 }
 
@@ -293,7 +266,15 @@ pub async fn run(broker: &BrokerSettings, shutdown: CancellationToken) -> Result
     let topology = Topology::new(&broker.prefix);
     let cascade = DelayBackend::Cascade;
     topology.declare(&conn, broker.queue_type, cascade).await?;
-    let holder = Holder::start(&conn, &topology, &WorkerSettings::default()).await?;
+    let publisher = Publisher::with_channels(
+        &conn,
+        CHANNELS,
+        topology.clone(),
+        cascade,
+        Duration::from_secs(30),
+    )
+    .await?;
+    let holder = Holder::start(&conn, &topology, publisher, PREFETCH).await?;
     let (tracker, hard_stop) = (TaskTracker::new(), CancellationToken::new());
     let result = holder
         .serve(shutdown, hard_stop.clone(), tracker.clone())
@@ -313,7 +294,7 @@ pub async fn run(broker: &BrokerSettings, shutdown: CancellationToken) -> Result
 mod tests {
     use super::*;
 
-    const NOW: u128 = 1_700_000_000_000_000; // µs
+    const NOW: u64 = 1_700_000_000_000_000; // µs
 
     fn ms(d: Duration) -> u128 {
         d.as_millis()

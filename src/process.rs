@@ -2,7 +2,7 @@
 //! decode → deliver → classify → decide → settle (republish, then ack).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
@@ -108,21 +108,9 @@ pub async fn process<H: DeliveryHandler>(
                 _ = tokio::time::sleep(REQUEUE_BACKOFF) => {}
                 _ = ctx.hard_stop.cancelled() => {}
             }
-            d.acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..Default::default()
-                })
-                .await
+            d.acker.nack(requeue()).await
         }
-        None => {
-            d.acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..Default::default()
-                })
-                .await
-        }
+        None => d.acker.nack(requeue()).await,
     };
     if let Err(e) = result {
         warn!(error = %e, "ack/nack failed; the broker will redeliver");
@@ -138,7 +126,7 @@ pub async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
     let result = tokio::select! {
         _ = tokio::time::sleep(ctx.settings.retry_settle) => acker.ack(BasicAckOptions::default()).await,
         // Shutting down before the settle is over: requeue (a duplicate at worst).
-        _ = ctx.hard_stop.cancelled() => acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+        _ = ctx.hard_stop.cancelled() => acker.nack(requeue()).await,
     };
     if let Err(e) = result {
         warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
@@ -329,9 +317,14 @@ fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, 
     );
 }
 
+/// A nack that returns the delivery to its queue.
+pub(crate) fn requeue() -> BasicNackOptions {
+    BasicNackOptions {
+        requeue: true,
+        ..Default::default()
+    }
+}
+
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    (crate::delay::now_us() / 1000) as i64
 }

@@ -217,18 +217,21 @@ async fn consume<H: DeliveryHandler>(
         )
         .await?;
     let (hard_stop, tracker) = (CancellationToken::new(), TaskTracker::new());
-    let hold_stop = CancellationToken::new();
+    // Stops this session's helpers: the holder, the dead-letter gauge and
+    // the connection watch.
+    let watch = CancellationToken::new();
     let hold_failed = match broker.delay {
         // With the cascade, every worker also holds its prefix's short
         // delays; held messages are tasks on `tracker`, drained like
         // deliveries.
-        DelayBackend::Cascade => Holder::start(conn, &topology, settings)
-            .await?
-            .spawn(&tracker, &hold_stop, &hard_stop),
+        DelayBackend::Cascade => {
+            Holder::start(conn, &topology, publisher.clone(), settings.hold_prefetch)
+                .await?
+                .spawn(&tracker, &watch, &hard_stop)
+        }
         DelayBackend::Plugin => CancellationToken::new(),
     };
     info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
-    let watch = CancellationToken::new();
     let dead_channel = conn.create_channel().await?;
     tokio::spawn(watch_dead_letters(
         dead_channel,
@@ -293,7 +296,6 @@ async fn consume<H: DeliveryHandler>(
     // Draining or reconnecting: not ready for traffic.
     settings.health.set_consuming(false);
     watch.cancel();
-    hold_stop.cancel();
     let grace = if result.is_ok() {
         settings.shutdown_grace
     } else {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -134,12 +134,7 @@ impl Drop for Sink {
 }
 
 /// Microseconds since the Unix epoch (the clock the probes carry).
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+pub use crate::delay::now_us;
 
 /// The timestamps a measuring phase puts in a notification's body.
 #[derive(serde::Deserialize)]
