@@ -130,17 +130,12 @@ async fn accuracy(backend: DelayBackend) {
         tokio::spawn(async move { collect_work(&b2, n, Duration::from_secs(60)).await });
     // The work queue is the collector's, so the cascade's short delays get
     // a holder of their own rather than a worker's.
-    let (b3, stop) = (b.clone(), tokio_util::sync::CancellationToken::new());
-    let holder = (backend == CASCADE).then(|| {
-        let stop = stop.clone();
-        tokio::spawn(async move { redeliver::hold::run(&b3, stop).await })
-    });
+    let holder = (backend == CASCADE).then(|| Holder::spawn(&b));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = publish_delayed(&b, &delays).await;
     let seen = collector.await.unwrap();
-    stop.cancel();
     if let Some(h) = holder {
-        h.await.unwrap().expect("the holder ran until stopped");
+        h.stop().await.expect("the holder ran until stopped");
     }
     cleanup(&url, &p).await;
     assert_eq!(seen.len(), delays.len(), "every delayed message arrived");
@@ -207,13 +202,10 @@ async fn cascade_survives_a_broker_kill() {
     node.ctl(&["kill"]).await;
     node.ctl(&["up"]).await;
     let restarted = Instant::now();
-    let (b2, stop) = (b.clone(), tokio_util::sync::CancellationToken::new());
-    let s2 = stop.clone();
-    let holder = tokio::spawn(async move { redeliver::hold::run(&b2, s2).await });
+    let holder = Holder::spawn(&b);
     let seen = collect_work(&b, delays.len(), Duration::from_secs(300)).await;
     println!("all arrived {:?} after the restart", restarted.elapsed());
-    stop.cancel();
-    let held = holder.await.unwrap();
+    let held = holder.stop().await;
     node.down().await;
     held.expect("the holder ran until stopped");
     let missing: Vec<usize> = (0..delays.len())
@@ -286,32 +278,6 @@ async fn a_graceful_stop_releases_held_delays_once() {
     assert!(all, "{} of {} delivered", rx.count(), delays.len());
     assert_eq!(left_in_hold, 0, "nothing went back to the hold queue");
     assert_eq!(rx.count(), delays.len(), "each delivered once");
-}
-
-/// Waits until `queue` has a consumer.
-async fn wait_consumers(url: &str, queue: &str) -> bool {
-    let conn = redeliver::AmqpUrl::new(url).connect("test").await.unwrap();
-    let mut found = false;
-    for _ in 0..150 {
-        let ch = conn.create_channel().await.unwrap();
-        let passive = lapin::options::QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        if let Ok(q) = ch
-            .queue_declare(queue.into(), passive, Default::default())
-            .await
-        {
-            found = q.consumer_count() > 0;
-            let _ = ch.close(200, "".into()).await;
-        }
-        if found {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = conn.close(200, "".into()).await;
-    found
 }
 
 /// Two prefixes on one broker: each worker sees only its own retries.
@@ -390,12 +356,9 @@ async fn status_shows_messages_per_queue() {
         text.contains("x-delayed-message not installed (not needed by the cascade)"),
         "no false alarm about the plugin: {text}"
     );
-    let stop = tokio_util::sync::CancellationToken::new();
-    let (b2, s2) = (b.clone(), stop.clone());
-    let holder = tokio::spawn(async move { redeliver::hold::run(&b2, s2).await });
+    let holder = Holder::spawn(&b);
     let arrived = collect_work(&b, 3, Duration::from_secs(30)).await;
-    stop.cancel();
-    holder.await.unwrap().expect("the holder ran until stopped");
+    holder.stop().await.expect("the holder ran until stopped");
     cleanup(&url, &p).await;
     assert_eq!(arrived.len(), 3, "all left the cascade for the work queue");
 }

@@ -137,23 +137,60 @@ pub async fn drain_dead(url: &str, prefix: &str) -> Vec<DeadLetter> {
     out
 }
 
-/// Message count of a queue (passive declare).
-pub async fn queue_len(url: &str, queue: &str) -> u32 {
+/// Messages and consumers of a queue (passive declare), or `None` when it
+/// does not exist.
+async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
     let conn = AmqpUrl::new(url).connect("test count").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
     let q = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await;
     let _ = conn.close(200, "".into()).await;
-    q.message_count()
+    q.ok().map(|q| (q.message_count(), q.consumer_count()))
+}
+
+/// Message count of a queue (passive declare).
+pub async fn queue_len(url: &str, queue: &str) -> u32 {
+    let counts = queue_counts(url, queue).await;
+    counts.unwrap_or_else(|| panic!("{queue} exists")).0
+}
+
+/// Waits (up to 15 s) until `queue` exists and has a consumer.
+pub async fn wait_consumers(url: &str, queue: &str) -> bool {
+    for _ in 0..150 {
+        if queue_counts(url, queue).await.is_some_and(|(_, c)| c > 0) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// A `redeliver::hold::run` task, for tests that consume the work queue
+/// themselves but need the cascade's short delays held.
+pub struct Holder {
+    token: CancellationToken,
+    join: JoinHandle<Result<(), redeliver::hold::HoldError>>,
+}
+
+impl Holder {
+    pub fn spawn(b: &BrokerSettings) -> Holder {
+        let (b, token) = (b.clone(), CancellationToken::new());
+        let t = token.clone();
+        let join = tokio::spawn(async move { redeliver::hold::run(&b, t).await });
+        Holder { token, join }
+    }
+
+    /// Stops it and returns how it ended.
+    pub async fn stop(self) -> Result<(), redeliver::hold::HoldError> {
+        self.token.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
+        r.expect("holder stops").expect("holder task")
+    }
 }
 
 /// Drains the dead-letter queue until it has given at least `n` (about
