@@ -1,6 +1,6 @@
+use redeliver::cli::{commands as app, config_cmd, file as config_file, ops};
 use redeliver::cli::{Command, ConfigCommand, DlqCommand};
 use redeliver::telemetry::{self, LogFormat};
-use redeliver::{app, config_cmd, config_file, ops};
 
 /// mimalloc rather than glibc malloc: a delivery allocates and frees many
 /// small buffers across threads (AMQP frames, HTTP requests, log lines), and

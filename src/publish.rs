@@ -11,8 +11,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde_json::value::RawValue;
 
-use crate::dead_letter::REDACTED;
 use crate::delay::DelayBackend;
+use crate::message::dead_letter::REDACTED;
 use crate::message::{self, InvalidMessage};
 use crate::topology::Topology;
 
@@ -154,13 +154,13 @@ impl Publisher {
     }
 
     /// Publishes a held message whose wait is over to the cascade's exit,
-    /// which feeds the work queue, unchanged ([`crate::hold`]).
+    /// which feeds the work queue, unchanged ([`crate::delay::hold`]).
     pub async fn release(
         &self,
         payload: &[u8],
         props: BasicProperties,
     ) -> Result<(), PublishError> {
-        let out = crate::cascade::out(&self.topology);
+        let out = crate::delay::cascade::out(&self.topology);
         self.confirmed(&out, "", true, payload, props).await
     }
 
@@ -215,7 +215,7 @@ impl Publisher {
 /// - `x-delivery-count`, which quorum queues add to a redelivered message
 ///   (the hold queue's, for one): it counts another queue's deliveries.
 /// - the cascade's digits and due time of the last delay
-///   ([`crate::cascade::is_cascade_header`]): a delayed copy gets its own,
+///   ([`crate::delay::cascade::is_cascade_header`]): a delayed copy gets its own,
 ///   and elsewhere they mean nothing.
 pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
@@ -223,7 +223,7 @@ pub fn strip_transit_headers(headers: &mut FieldTable) {
             || k == "x-delivery-count"
             || k.starts_with("x-first-death-")
             || k.starts_with("x-last-death-")
-            || crate::cascade::is_cascade_header(k))
+            || crate::delay::cascade::is_cascade_header(k))
     });
 }
 

@@ -121,7 +121,7 @@ impl Topology {
     pub async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
         // Both backends' names: deleting what does not exist is a no-op.
-        let (mut queues, mut exchanges) = crate::cascade::names(self);
+        let (mut queues, mut exchanges) = crate::delay::cascade::names(self);
         queues.extend([self.work.clone(), self.dead.clone()]);
         exchanges.extend([self.intake.clone(), self.retry.clone()]);
         for q in queues {

@@ -152,7 +152,7 @@ async fn accuracy(backend: DelayBackend) {
             .or_default()
             .push(late);
         if backend == CASCADE {
-            let hops = match redeliver::cascade::hops(ms[*i] as u32) {
+            let hops = match redeliver::delay::cascade::hops(ms[*i] as u32) {
                 0 => "held".to_string(),
                 n => format!("{n} queues"),
             };

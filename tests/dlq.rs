@@ -11,7 +11,7 @@ use common::receiver::{Receiver, Reply};
 use common::{broker_url, prefix_on, url_for};
 use lapin::types::{AMQPValue, FieldTable};
 use redeliver::delay::DelayBackend;
-use redeliver::state::*;
+use redeliver::message::state::*;
 
 /// A dead letter as a worker would have written it.
 fn dead(id: &str, url: &str, reason: &str, dead_at: i64) -> (Vec<u8>, FieldTable) {
@@ -449,7 +449,7 @@ async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
         .to_string();
     assert!(demo_prefix.starts_with(&p), "{demo_prefix}");
     // Every queue of the demo's prefix is gone, the cascade's included.
-    let left = redeliver::status::status(&broker(&url, &demo_prefix), None)
+    let left = redeliver::ops::status::status(&broker(&url, &demo_prefix), None)
         .await
         .unwrap();
     assert!(

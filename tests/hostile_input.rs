@@ -4,9 +4,9 @@
 
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use proptest::prelude::*;
+use redeliver::message::state::RetryState;
 use redeliver::message::{decode, InvalidMessage};
 use redeliver::policy::{parse_duration, parse_schedule};
-use redeliver::state::RetryState;
 
 const CASES: u32 = 4000;
 

@@ -10,7 +10,7 @@ use common::harness::*;
 use common::receiver::{Receiver, Reply};
 use common::{prefix, prefix_on, url_for};
 use redeliver::delay::DelayBackend;
-use redeliver::state::*;
+use redeliver::message::state::*;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(20);

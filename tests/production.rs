@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::harness::*;
 use common::receiver::{Receiver, Reply};
 use common::{broker_url, prefix};
-use redeliver::routes::{Route, Routes};
-use redeliver::signing::SigningSecret;
+use redeliver::config::routes::{Route, Routes};
+use redeliver::deliver::signing::SigningSecret;
 use redeliver::HttpDeliverer;
 use serde_json::{json, Value};
 use standardwebhooks::Webhook;
@@ -118,7 +118,9 @@ async fn routes_override_policy_and_success_body() {
     w.stop().await;
     assert_eq!(dead.len(), 1);
     assert_eq!(
-        dead[0].str(redeliver::state::H_DEAD_REASON).as_deref(),
+        dead[0]
+            .str(redeliver::message::state::H_DEAD_REASON)
+            .as_deref(),
         Some("max-attempts")
     );
     let reqs = rx.requests();

@@ -8,8 +8,8 @@ use common::harness::*;
 use common::receiver::{Receiver, Reply};
 use common::{broker_url, prefix};
 use lapin::types::FieldTable;
-use redeliver::guard::AddressPolicy;
-use redeliver::state::*;
+use redeliver::deliver::guard::AddressPolicy;
+use redeliver::message::state::*;
 use redeliver::HttpDeliverer;
 use serde_json::json;
 

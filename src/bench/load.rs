@@ -113,7 +113,7 @@ pub async fn preload_windowed(
 pub async fn wait_for_consumer(conn: &Connection, queue: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if crate::status::queue(conn, queue).await?.consumers > 0 {
+        if crate::ops::status::queue(conn, queue).await?.consumers > 0 {
             return Ok(());
         }
         anyhow::ensure!(

@@ -191,7 +191,7 @@ impl Bench {
         // the cascade, the work queue with the plugin.
         let t = crate::topology::Topology::new(&prefix);
         let last = match broker.delay {
-            crate::delay::DelayBackend::Cascade => crate::cascade::hold(&t),
+            crate::delay::DelayBackend::Cascade => crate::delay::cascade::hold(&t),
             crate::delay::DelayBackend::Plugin => t.work,
         };
         let ready = load::wait_for_consumer(&self.conn, &last).await;
@@ -326,7 +326,7 @@ impl Bench {
         let work = format!("{prefix}.work");
         for c in self.sizes.memory_concurrency {
             // A missing queue (the first run) holds nothing.
-            let have = crate::status::queue(&self.conn, &work)
+            let have = crate::ops::status::queue(&self.conn, &work)
                 .await
                 .map_or(0, |q| q.ready as usize);
             let top_up = backlog.saturating_sub(have);

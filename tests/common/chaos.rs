@@ -253,8 +253,10 @@ pub async fn settle(
     let mut quiet = 0;
     loop {
         for d in drain_dead(url, prefix).await {
-            let id = d.str(redeliver::state::H_ID).unwrap_or_default();
-            let reason = d.str(redeliver::state::H_DEAD_REASON).unwrap_or_default();
+            let id = d.str(redeliver::message::state::H_ID).unwrap_or_default();
+            let reason = d
+                .str(redeliver::message::state::H_DEAD_REASON)
+                .unwrap_or_default();
             if dead.insert(id, reason).is_some() {
                 dead_twice += 1;
             }

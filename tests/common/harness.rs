@@ -104,10 +104,10 @@ impl DeadLetter {
         self.headers.inner().get(k)
     }
     pub fn str(&self, k: &str) -> Option<String> {
-        self.get(k).and_then(redeliver::state::string)
+        self.get(k).and_then(redeliver::message::state::string)
     }
     pub fn int(&self, k: &str) -> Option<i64> {
-        self.get(k).and_then(redeliver::state::int)
+        self.get(k).and_then(redeliver::message::state::int)
     }
 }
 
@@ -170,23 +170,23 @@ pub async fn wait_consumers(url: &str, queue: &str) -> bool {
     false
 }
 
-/// A `redeliver::hold::run` task, for tests that consume the work queue
+/// A `redeliver::delay::hold::run` task, for tests that consume the work queue
 /// themselves but need the cascade's short delays held.
 pub struct Holder {
     token: CancellationToken,
-    join: JoinHandle<Result<(), redeliver::hold::HoldError>>,
+    join: JoinHandle<Result<(), redeliver::delay::hold::HoldError>>,
 }
 
 impl Holder {
     pub fn spawn(b: &BrokerSettings) -> Holder {
         let (b, token) = (b.clone(), CancellationToken::new());
         let t = token.clone();
-        let join = tokio::spawn(async move { redeliver::hold::run(&b, t).await });
+        let join = tokio::spawn(async move { redeliver::delay::hold::run(&b, t).await });
         Holder { token, join }
     }
 
     /// Stops it and returns how it ended.
-    pub async fn stop(self) -> Result<(), redeliver::hold::HoldError> {
+    pub async fn stop(self) -> Result<(), redeliver::delay::hold::HoldError> {
         self.token.cancel();
         let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
         r.expect("holder stops").expect("holder task")

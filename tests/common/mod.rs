@@ -65,10 +65,28 @@ pub fn broker_url() -> String {
     URL.get_or_init(|| ctl(default_port(), &["up"])).clone()
 }
 
-/// The system broker on 5672, which has no `x-delayed-message` type.
+/// A broker without the `x-delayed-message` type: `REDELIVER_PLAIN_AMQP_URL`
+/// when set, else the system broker on 5672 when one answers, else (a fresh
+/// machine) a second ctl node on 5673 started without the stand-in
+/// (`REDELIVER_TEST_BROKER_PLAIN=1`). Resolved once per test process.
 pub fn plain_broker_url() -> String {
-    std::env::var("REDELIVER_PLAIN_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("REDELIVER_PLAIN_AMQP_URL") {
+            url
+        } else if local_port_answers(5672) {
+            "amqp://guest:guest@127.0.0.1:5672/%2f".to_string()
+        } else {
+            ctl_env(5673, &["up"], &[("REDELIVER_TEST_BROKER_PLAIN", "1")])
+        }
+    })
+    .clone()
+}
+
+/// Whether something accepts TCP connections on 127.0.0.1:`port`.
+fn local_port_answers(port: u16) -> bool {
+    let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).is_ok()
 }
 
 /// A fresh name prefix, so parallel tests never share queues or exchanges.

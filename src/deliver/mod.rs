@@ -1,17 +1,20 @@
 //! HTTP delivery: one attempt of one notification, turned into an
 //! [`AttemptResult`]. No retry logic here.
 
+pub mod guard;
+pub mod signing;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 
-use crate::guard::{blocked_cause, literal_ip, AddressPolicy};
+use crate::config::routes::Routes;
+use crate::deliver::guard::{blocked_cause, literal_ip, AddressPolicy};
+use crate::deliver::signing::{signature_header, SigningSecret};
 use crate::message::Notification;
-use crate::outcome::AttemptResult;
-use crate::routes::Routes;
-use crate::signing::{signature_header, SigningSecret};
+use crate::policy::AttemptResult;
 
 /// Response bodies are read up to this size (for the success-body rule).
 const MAX_RESPONSE_BODY: usize = 64 * 1024;

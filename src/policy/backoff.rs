@@ -1,5 +1,5 @@
 //! Backoff policy: *how long to wait* before retry n. Pure functions only;
-//! whether to retry at all is decided in [`crate::retry`].
+//! whether to retry at all is decided in [`crate::policy`].
 
 use std::time::Duration;
 
@@ -163,5 +163,5 @@ pub fn parse_schedule(s: &str) -> Result<Vec<Duration>, PolicyError> {
 }
 
 #[cfg(test)]
-#[path = "policy_tests.rs"]
+#[path = "backoff_tests.rs"]
 mod tests;

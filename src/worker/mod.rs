@@ -1,6 +1,8 @@
 //! The consume loop: bounded concurrency, explicit shutdown, and
 //! reconnection after the broker connection is lost.
 
+pub(crate) mod process;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,14 +16,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::{BrokerSettings, WorkerSettings};
+use crate::delay::hold::Holder;
 use crate::delay::DelayBackend;
 use crate::deliver::DeliveryHandler;
-use crate::hold::Holder;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
-use crate::process::{hold_then_ack, process, Context, Settled, Slot};
 use crate::publish::Publisher;
 use crate::telemetry;
 use crate::topology::{Topology, TopologyError};
+use crate::worker::process::{hold_then_ack, process, Context, Settled, Slot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -42,7 +44,7 @@ pub enum WorkerError {
     #[error("the broker connection was lost")]
     ConnectionLost,
     #[error("holding short delays failed: {0}")]
-    Hold(#[from] crate::hold::HoldError),
+    Hold(#[from] crate::delay::hold::HoldError),
     #[error("the short-delay holder stopped; reconnecting")]
     HolderStopped,
     #[error("concurrency must be at least 1")]
@@ -351,7 +353,7 @@ const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
 /// last value: the gauge is "at the last check".
 async fn watch_dead_letters(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
     loop {
-        match crate::dlq::dead_count(&channel, &topology).await {
+        match crate::ops::dlq::dead_count(&channel, &topology).await {
             Ok(n) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(n)),
             // A failed passive declare closes the channel; stop until the
             // next session.

@@ -10,13 +10,13 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AttemptEvent, BrokerSettings, WorkerSettings};
-use crate::dead_letter::Filter;
 use crate::delay::DelayBackend;
 use crate::deliver::HttpDeliverer;
-use crate::dlq::{walk, Op};
+use crate::message::dead_letter::Filter;
+use crate::ops::dlq::{walk, Op};
+use crate::policy::Action;
 use crate::policy::{parse_schedule, Backoff, RetryPolicy};
 use crate::publish::{prepare, Publisher};
-use crate::retry::Action;
 use crate::topology::Topology;
 
 const SCHEDULE: &str = "1s,2s,4s";
@@ -49,7 +49,7 @@ pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Resu
         &uuid::Uuid::new_v4().simple().to_string()[..6]
     );
     let (addr, receiver) =
-        crate::demo_receiver::start(TIMEOUT + Duration::from_millis(500)).await?;
+        crate::ops::demo_receiver::start(TIMEOUT + Duration::from_millis(500)).await?;
     writeln!(
         out,
         "redeliver demo: receiver on http://{addr}, broker {}, prefix {}",
@@ -146,7 +146,7 @@ fn progress(
 ) -> std::io::Result<()> {
     let result = match (e.status, &e.error) {
         (Some(s), _) => format!("HTTP {s}"),
-        (None, Some(err)) => crate::state::truncate(err, 28).to_string(),
+        (None, Some(err)) => crate::message::state::truncate(err, 28).to_string(),
         (None, None) => "-".into(),
     };
     let then = match e.action {
@@ -191,11 +191,11 @@ async fn summary(
         "\nThe dead-letter queue {} (`redeliver dlq list`), before the demo deletes it:",
         topology.dead
     )?;
-    crate::ops::table_header(out)?;
+    crate::cli::ops::table_header(out)?;
     let mut io = Ok(());
     walk(conn, topology, &Filter::default(), None, Op::Keep, |d| {
         if io.is_ok() {
-            io = crate::ops::table_row(out, d);
+            io = crate::cli::ops::table_row(out, d);
         }
     })
     .await?;
@@ -206,7 +206,7 @@ async fn summary(
         DelayBackend::Cascade => format!(
             "republished into the delay cascade for a delay (up to 1 s held by the worker in {}, \
              longer through TTL quorum queues {}.cascade.<s>.<d>)",
-            crate::cascade::hold(topology),
+            crate::delay::cascade::hold(topology),
             topology.prefix
         ),
     };

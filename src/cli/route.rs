@@ -2,10 +2,10 @@
 
 use toml_edit::Table;
 
-use crate::config_file::{line_of, values};
+use crate::cli::file::{line_of, values};
+use crate::config::routes::Route;
+use crate::deliver::signing::SigningSecret;
 use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};
-use crate::routes::Route;
-use crate::signing::SigningSecret;
 
 const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body";
 

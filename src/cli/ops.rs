@@ -4,13 +4,13 @@ use std::io::Write;
 
 use anyhow::{bail, Context as _};
 
-use crate::app::broker_settings;
+use crate::cli::commands::broker_settings;
 use crate::cli::{
     DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
 };
-use crate::dead_letter::{DeadLetter, Filter};
 use crate::delay::DelayBackend;
-use crate::dlq::{walk, Op, Summary};
+use crate::message::dead_letter::{DeadLetter, Filter};
+use crate::ops::dlq::{walk, Op, Summary};
 use crate::publish::Publisher;
 use crate::topology::Topology;
 
@@ -198,16 +198,16 @@ pub async fn status(
     g: &GlobalArgs,
     a: &StatusArgs,
     out: &mut impl Write,
-) -> anyhow::Result<crate::status::Status> {
+) -> anyhow::Result<crate::ops::status::Status> {
     let b = broker_settings(g);
-    let s = crate::status::status(&b, a.management_url.as_deref())
+    let s = crate::ops::status::status(&b, a.management_url.as_deref())
         .await
         .with_context(|| format!("cannot read status from {}", b.url))?;
     if a.json {
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         return Ok(s);
     }
-    let unacked = |q: &crate::status::QueueStatus| {
+    let unacked = |q: &crate::ops::status::QueueStatus| {
         q.unacked
             .map(|n| n.to_string())
             .unwrap_or_else(|| "? (needs --management-url)".into())

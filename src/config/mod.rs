@@ -1,6 +1,8 @@
 //! Settings shared by the commands, and the AMQP URL, which never prints
 //! its password.
 
+pub mod routes;
+
 use std::fmt;
 use std::time::Duration;
 
@@ -8,8 +10,8 @@ use lapin::{Connection, ConnectionProperties};
 
 use crate::delay::DelayBackend;
 use crate::message::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::outcome::SuccessRules;
 use crate::policy::RetryPolicy;
+use crate::policy::SuccessRules;
 use crate::topology::{QueueType, Topology, TopologyError};
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -106,7 +108,7 @@ pub struct WorkerSettings {
     /// their attempt (see [`crate::worker::prefetch`]).
     pub prefetch: Option<usize>,
     /// With the cascade, the most short delays held at once
-    /// ([`crate::hold`]).
+    /// ([`crate::delay::hold`]).
     pub hold_prefetch: u16,
     pub policy: RetryPolicy,
     pub rules: SuccessRules,
@@ -123,7 +125,7 @@ pub struct WorkerSettings {
     pub events: Option<tokio::sync::broadcast::Sender<AttemptEvent>>,
     /// Per-URL-prefix overrides of the policy and success body (the
     /// handler applies their secrets and timeouts).
-    pub routes: crate::routes::Routes,
+    pub routes: crate::config::routes::Routes,
     /// Readiness and metrics, for `--admin-addr`.
     pub health: crate::telemetry::Health,
 }
@@ -137,7 +139,7 @@ pub struct AttemptEvent {
     pub status: Option<u16>,
     pub error: Option<String>,
     pub duration: Duration,
-    pub action: crate::retry::Action,
+    pub action: crate::policy::Action,
 }
 
 impl Default for WorkerSettings {
@@ -145,7 +147,7 @@ impl Default for WorkerSettings {
         WorkerSettings {
             concurrency: 32,
             prefetch: None,
-            hold_prefetch: crate::hold::PREFETCH,
+            hold_prefetch: crate::delay::hold::PREFETCH,
             policy: RetryPolicy::default(),
             rules: SuccessRules::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

@@ -4,7 +4,7 @@
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 
 use crate::message::InvalidMessage;
-use crate::outcome::Classified;
+use crate::policy::Classified;
 
 pub const H_ATTEMPT: &str = "redeliver-attempt";
 pub const H_ID: &str = "redeliver-id";
@@ -159,7 +159,7 @@ pub fn long_string(s: &str) -> AMQPValue {
 
 /// A header value as an operator should read it (JSON), not a debug dump.
 fn shown(v: &AMQPValue) -> String {
-    crate::dead_letter::to_json(v).to_string()
+    crate::message::dead_letter::to_json(v).to_string()
 }
 
 /// Any AMQP integer type.
@@ -192,7 +192,7 @@ pub fn get<'a>(h: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::Verdict;
+    use crate::policy::Verdict;
 
     #[test]
     fn state_round_trips_through_headers() {

@@ -62,16 +62,16 @@ pub async fn status(
     let mut probe = Probe::new(&conn);
     let mut work = probe.queue(&t.work).await?;
     let mut dead = probe.queue(&t.dead).await?;
-    let mut hold = probe.queue(&crate::cascade::hold(&t)).await?;
+    let mut hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
     let mut cascade = vec![];
-    for (stage, digit, name) in crate::cascade::queues(&t) {
+    for (stage, digit, name) in crate::delay::cascade::queues(&t) {
         let q = probe.queue(&name).await?;
         if q.exists {
             cascade.push(CascadeQueueStatus {
                 queue: name,
                 stage,
                 digit,
-                ttl_ms: crate::cascade::ttl_ms(stage, digit),
+                ttl_ms: crate::delay::cascade::ttl_ms(stage, digit),
                 messages: q.ready,
             });
         }

@@ -8,7 +8,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::state::{
+use crate::message::state::{
     self, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR,
     H_LAST_STATUS,
 };

@@ -28,7 +28,7 @@
 //!
 //! Delays up to [`HOLD_MAX_MS`] skip the stages: they go to one quorum
 //! queue, `<prefix>.cascade.hold`, whose consumers (every `run` worker of
-//! the prefix, [`crate::hold`]) keep each message unacked until its due
+//! the prefix, [`crate::delay::hold`]) keep each message unacked until its due
 //! time and then publish it to the exit. A queue's expiry path costs
 //! ~1.5 ms per hop, more than a whole short delay's worth of the plugin's
 //! timer; a timer in the worker is as accurate as the plugin's.

@@ -7,8 +7,10 @@
 //! output such as ids.
 //!
 //! Metrics go through the `metrics` facade; `--admin-addr` installs the
-//! Prometheus recorder ([`crate::admin`]). Without it every call here is a
+//! Prometheus recorder ([`crate::telemetry::admin`]). Without it every call here is a
 //! no-op. Labels are bounded enums only: never a URL, never a host.
+
+pub mod admin;
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::retry::Action;
+use crate::policy::Action;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -12,11 +12,11 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
-use crate::dead_letter::{DeadLetter, Filter};
-use crate::publish::{PublishError, Publisher};
-use crate::state::{
+use crate::message::dead_letter::{DeadLetter, Filter};
+use crate::message::state::{
     H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DELAY, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS,
 };
+use crate::publish::{PublishError, Publisher};
 use crate::topology::Topology;
 
 /// What to do with each selected dead letter.
@@ -69,7 +69,7 @@ pub async fn walk(
         Err(e) if e.is_amqp_soft_error() => return Err(DlqError::NoQueue(topology.dead.clone())),
         Err(e) => return Err(e.into()),
     };
-    let now = crate::process::now_ms();
+    let now = crate::worker::process::now_ms();
     let mut s = Summary::default();
     while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
         let opts = BasicGetOptions { no_ack: false };

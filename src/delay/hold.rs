@@ -31,14 +31,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::cascade;
 use crate::config::BrokerSettings;
+use crate::delay::cascade;
 use crate::delay::DelayBackend;
-use crate::process::requeue;
+use crate::message::state::{self, H_DELAY};
 use crate::publish::{PublishError, Publisher};
-use crate::state::{self, H_DELAY};
 use crate::telemetry::{self, GaugeGuard};
 use crate::topology::{Topology, TopologyError};
+use crate::worker::process::requeue;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {

@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 
+use crate::cli::file::{arg_id, known_keys, merged_matches, ConfigFile};
 use crate::config::redact_url;
-use crate::config_file::{arg_id, known_keys, merged_matches, ConfigFile};
 
 /// Validates a file; the error names the line.
 pub fn check(path: &Path, out: &mut dyn Write) -> anyhow::Result<()> {

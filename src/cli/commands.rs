@@ -13,9 +13,9 @@ use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
 use crate::config::{
     AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL,
 };
+use crate::deliver::guard::AddressPolicy;
 use crate::deliver::HttpDeliverer;
-use crate::guard::AddressPolicy;
-use crate::outcome::SuccessRules;
+use crate::policy::SuccessRules;
 use crate::policy::{self, Backoff, RetryPolicy};
 use crate::publish::{prepare, Prepared, PublishError, Publisher};
 use crate::topology::TopologyError;
@@ -40,7 +40,7 @@ pub async fn demo(g: &GlobalArgs) -> anyhow::Result<()> {
     if g.amqp_url.is_none() {
         b.url = AmqpUrl::new(LOCAL_TEST_AMQP_URL);
     }
-    crate::demo::demo(&b, &mut std::io::stdout().lock()).await
+    crate::ops::demo::demo(&b, &mut std::io::stdout().lock()).await
 }
 
 /// `redeliver bench`: against the local test node unless a URL is given.
@@ -80,9 +80,9 @@ pub async fn run(
     let mut settings = worker_settings(args, g.delay_backend)?;
     // Already checked when the command line was parsed; read for its routes.
     if let Some(path) = &g.config {
-        settings.routes = crate::config_file::ConfigFile::load(path)?.routes;
+        settings.routes = crate::cli::file::ConfigFile::load(path)?.routes;
     }
-    let secrets = crate::signing::parse_secrets(&args.signing_secret)?;
+    let secrets = crate::deliver::signing::parse_secrets(&args.signing_secret)?;
     let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
     let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
         .context("building the HTTP client")?
@@ -92,7 +92,7 @@ pub async fn run(
     let admin_stop = CancellationToken::new();
     let _stop_admin = admin_stop.clone().drop_guard();
     if let Some(addr) = &args.admin_addr {
-        crate::admin::spawn(addr, settings.health.clone(), admin_stop).await?;
+        crate::telemetry::admin::spawn(addr, settings.health.clone(), admin_stop).await?;
     }
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())

@@ -2,11 +2,14 @@
 //! work queue again. Everything else in redeliver only asks this module for
 //! "publish here, with these headers"; a plugin-free backend slots in here.
 
+pub mod cascade;
+pub mod hold;
+
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
-use crate::state::H_DELAY;
+use crate::message::state::H_DELAY;
 use crate::topology::{classify, Topology, TopologyError};
 
 /// Where a delayed message is published.
@@ -26,7 +29,7 @@ pub enum DelayBackend {
     Plugin,
     /// A cascade of TTL quorum queues, delays of 1 s or less held by the
     /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers.
-    // See `crate::cascade` and `crate::hold`.
+    // See `crate::delay::cascade` and `crate::delay::hold`.
     Cascade,
 }
 
@@ -56,7 +59,7 @@ impl DelayBackend {
                 // Due messages route to the work queue by its name.
                 t.bind(ch, &t.retry, &t.work).await
             }
-            DelayBackend::Cascade => crate::cascade::declare(ch, t).await,
+            DelayBackend::Cascade => crate::delay::cascade::declare(ch, t).await,
         }
     }
 
@@ -84,16 +87,16 @@ impl DelayBackend {
             },
             // Short delays go to the hold queue (default exchange, its
             // name as the key), where the workers time them.
-            DelayBackend::Cascade if crate::cascade::is_held(delay_ms) => {
-                crate::cascade::hold_entry(delay_ms, now_us(), headers);
+            DelayBackend::Cascade if crate::delay::cascade::is_held(delay_ms) => {
+                crate::delay::cascade::hold_entry(delay_ms, now_us(), headers);
                 DelayedRoute {
                     exchange: String::new(),
-                    routing_key: crate::cascade::hold(t),
+                    routing_key: crate::delay::cascade::hold(t),
                     mandatory: true,
                 }
             }
             DelayBackend::Cascade => DelayedRoute {
-                exchange: crate::cascade::entry(t, delay_ms, headers),
+                exchange: crate::delay::cascade::entry(t, delay_ms, headers),
                 routing_key: String::new(),
                 mandatory: true,
             },
@@ -102,7 +105,7 @@ impl DelayBackend {
 }
 
 /// This host's clock in microseconds since the Unix epoch (0 for a clock
-/// set before 1970, which [`crate::cascade::hold_entry`] does not trust).
+/// set before 1970, which [`crate::delay::cascade::hold_entry`] does not trust).
 pub fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -2,6 +2,9 @@
 //! Decoding validates everything a receiver-facing request depends on, so a
 //! bad message is dead-lettered as `invalid` instead of looping.
 
+pub mod dead_letter;
+pub mod state;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -213,5 +216,5 @@ fn parse_schedule(entries: &[String]) -> Result<Vec<Duration>, PolicyError> {
 }
 
 #[cfg(test)]
-#[path = "message_tests.rs"]
+#[path = "tests.rs"]
 mod tests;

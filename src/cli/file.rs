@@ -26,7 +26,7 @@ use clap::{ArgMatches, CommandFactory};
 use toml_edit::{Document, Item, Value};
 
 use crate::cli::Cli;
-use crate::routes::Routes;
+use crate::config::routes::Routes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -94,7 +94,7 @@ impl ConfigFile {
                     for t in a.iter() {
                         let line = t.span().map_or(line, |s| line_of(&text, s.start));
                         routes.push(
-                            crate::config_route::route(t, &text)
+                            crate::cli::route::route(t, &text)
                                 .map_err(|(l, m)| at(l.unwrap_or(line), m))?,
                         );
                     }
@@ -169,7 +169,7 @@ impl ConfigFile {
             }
             if s.key == "signing-secret" {
                 for v in s.values.iter().flat_map(|v| v.split(',')) {
-                    v.parse::<crate::signing::SigningSecret>()
+                    v.parse::<crate::deliver::signing::SigningSecret>()
                         .map_err(|e| (s.line, format!("`signing-secret`: {e}")))?;
                 }
             }
@@ -202,7 +202,7 @@ impl ConfigFile {
         let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
             .map_err(|e| (1, e.to_string()))?;
         if let crate::cli::Command::Run(a) = &cli.command {
-            if let Err(e) = crate::app::worker_settings(a, cli.global.delay_backend) {
+            if let Err(e) = crate::cli::commands::worker_settings(a, cli.global.delay_backend) {
                 let m = format!("{e:#}");
                 return Err((line_for(&m), m));
             }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::signing::SigningSecret;
+use crate::deliver::signing::SigningSecret;
 
 #[derive(Clone, Debug, Default)]
 pub struct Route {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::outcome::{Classified, Verdict};
 use crate::policy::RetryPolicy;
+use crate::policy::{Classified, Verdict};
 
 /// Why a notification was dead-lettered; recorded in `redeliver-dead-reason`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

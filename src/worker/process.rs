@@ -12,15 +12,15 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::config::routes::Route;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
+use crate::message::state::{self, AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
-use crate::outcome::{classify, Classified};
+use crate::policy::{classify, Classified};
+use crate::policy::{decide, Action, DeadReason};
 use crate::policy::{Backoff, RetryPolicy};
 use crate::publish::{republish_properties, PublishError, Publisher};
-use crate::retry::{decide, Action, DeadReason};
-use crate::routes::Route;
-use crate::state::{self, AttemptRecord, RetryState};
 use crate::telemetry::{self, GaugeGuard};
 
 /// What every delivery task of one connection shares.

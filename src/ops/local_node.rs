@@ -1,0 +1,156 @@
+//! The local test broker node that `tests/broker/ctl` runs, so that
+//! `cargo run -- demo` on a fresh checkout needs no set-up: when nothing
+//! answers on the node's port, it is started (and, on first use, the Debian
+//! packages it needs are installed by `ctl`).
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// The port `tests/broker/ctl` uses when `REDELIVER_TEST_BROKER_PORT` is unset.
+const DEFAULT_PORT: u16 = 5674;
+
+/// How long a connect to 127.0.0.1 may take before the port counts as
+/// silent; a local listener answers at once, this only guards a wedged stack.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The local test node's URL (port from `REDELIVER_TEST_BROKER_PORT`, default 5674).
+pub fn url() -> String {
+    url_for(port())
+}
+
+fn url_for(port: u16) -> String {
+    format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+}
+
+/// The node's port, read the way the tests read it (`tests/common`), so the
+/// demo and `cargo test` talk to the same node.
+fn port() -> u16 {
+    port_from(std::env::var("REDELIVER_TEST_BROKER_PORT").ok().as_deref())
+}
+
+/// A missing or unparsable value means the default rather than an error:
+/// the caller only wants *a* local node.
+fn port_from(value: Option<&str>) -> u16 {
+    value.and_then(|p| p.parse().ok()).unwrap_or(DEFAULT_PORT)
+}
+
+/// Where `ctl` sat when this binary was built. A binary installed elsewhere
+/// has no checkout beside it, which `ensure_running` reports.
+fn ctl_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/broker/ctl")
+}
+
+/// Makes sure the local test node answers, so the demo can run without a
+/// broker set up by hand. If a TCP connect to 127.0.0.1:<port> succeeds,
+/// does nothing and returns `Ok(false)`. Otherwise writes one line to `out`
+/// (the start can take a minute the first time, when `ctl` installs Debian
+/// packages), runs `tests/broker/ctl up` with its stderr going to ours, and
+/// returns `Ok(true)` once it succeeded; an error with its exit status if not.
+pub async fn ensure_running(out: &mut (dyn Write + Send)) -> anyhow::Result<bool> {
+    ensure_running_with(port(), &ctl_path(), out).await
+}
+
+/// [`ensure_running`] for a given port and `ctl`, so tests need no
+/// environment variables.
+async fn ensure_running_with(
+    port: u16,
+    ctl: &Path,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<bool> {
+    if answers(port).await {
+        return Ok(false);
+    }
+    if !ctl.is_file() {
+        anyhow::bail!(
+            "no broker answers on 127.0.0.1:{port}, and {} (which starts the local test node) \
+             is not here, as for an installed binary; start a RabbitMQ and pass --amqp-url",
+            ctl.display()
+        );
+    }
+    writeln!(
+        out,
+        "starting the local test broker node with tests/broker/ctl up \
+         (the first start may install Debian packages)..."
+    )
+    .and_then(|()| out.flush())
+    .context("writing the progress line")?;
+    run_ctl_up(port, ctl).await?;
+    Ok(true)
+}
+
+/// Whether something accepts TCP connections on 127.0.0.1:`port`.
+async fn answers(port: u16) -> bool {
+    let connect = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port));
+    matches!(
+        tokio::time::timeout(CONNECT_TIMEOUT, connect).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Runs `ctl up` as a child process, so a minute of apt-get and node start
+/// blocks no runtime thread. The port is passed explicitly so that `ctl`
+/// starts the node [`url`] names even when the variable did not parse. The
+/// child is not killed if this future is dropped: `ctl` is locked and
+/// idempotent, and an apt-get cut short would leave dpkg half-done.
+async fn run_ctl_up(port: u16, ctl: &Path) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new(ctl)
+        .arg("up")
+        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .await
+        .with_context(|| format!("running {} up", ctl.display()))?;
+    anyhow::ensure!(
+        status.success(),
+        "{} up failed ({status}); its messages are above",
+        ctl.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_defaults_and_parses() {
+        assert_eq!(port_from(None), 5674);
+        assert_eq!(port_from(Some("5690")), 5690);
+        assert_eq!(port_from(Some("")), 5674);
+        assert_eq!(port_from(Some("not-a-port")), 5674);
+        assert_eq!(port_from(Some("70000")), 5674);
+        assert_eq!(url_for(5690), "amqp://guest:guest@127.0.0.1:5690/%2f");
+    }
+
+    #[tokio::test]
+    async fn an_answering_port_is_left_alone() {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind a local port");
+        let port = listener.local_addr().expect("local address").port();
+        let mut out = Vec::new();
+        let started = ensure_running_with(port, Path::new("/nonexistent/ctl"), &mut out).await;
+        assert!(!started.expect("no start needed"));
+        assert!(out.is_empty(), "nothing is printed when the node answers");
+    }
+
+    #[tokio::test]
+    async fn without_ctl_the_error_names_amqp_url() {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let port = listener.local_addr().expect("local address").port();
+        drop(listener);
+        let mut out = Vec::new();
+        let err = ensure_running_with(port, Path::new("/nonexistent/ctl"), &mut out)
+            .await
+            .expect_err("no ctl, no node");
+        assert!(err.to_string().contains("--amqp-url"), "{err}");
+        assert!(out.is_empty());
+    }
+}
