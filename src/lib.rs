@@ -9,8 +9,10 @@
 //! [`deliver`] (HTTP) → [`worker`] (consume, one delivery) → [`ops`]
 //! (dead letters, status, demo) → `bench` → [`cli`].
 
+mod amqp;
 pub mod bench;
 pub mod cli;
+mod clock;
 pub mod config;
 pub mod delay;
 pub mod deliver;

@@ -11,10 +11,28 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde_json::value::RawValue;
 
-use crate::delay::DelayBackend;
-use crate::message::dead_letter::REDACTED;
+use crate::message::redact::REDACTED;
+use crate::message::state::is_cascade_header;
 use crate::message::{self, InvalidMessage};
 use crate::topology::Topology;
+
+/// Where a delayed copy is published. The delay backends (`crate::delay`)
+/// compute it; this module only publishes there, so it never needs to know
+/// how a backend makes a message wait.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelayedRoute {
+    pub exchange: String,
+    pub routing_key: String,
+    /// Whether to publish `mandatory`: an unroutable copy is then an error,
+    /// not a silent drop. The plugin cannot use it.
+    pub mandatory: bool,
+}
+
+/// The delay seam as the publisher sees it: given a delay, set its headers
+/// and say where the copy goes. `crate::delay::DelayBackend` implements it.
+pub trait DelayRouter: Send + Sync + 'static {
+    fn route(&self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute;
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -39,7 +57,7 @@ pub struct Publisher {
     channels: Arc<[Channel]>,
     next: Arc<AtomicUsize>,
     topology: Topology,
-    delay: DelayBackend,
+    delay: Arc<dyn DelayRouter>,
     confirm_timeout: Duration,
 }
 
@@ -48,7 +66,7 @@ impl Publisher {
     pub async fn new(
         conn: &Connection,
         topology: Topology,
-        delay: DelayBackend,
+        delay: impl DelayRouter,
         confirm_timeout: Duration,
     ) -> Result<Self, lapin::Error> {
         Self::with_channels(conn, 1, topology, delay, confirm_timeout).await
@@ -59,7 +77,7 @@ impl Publisher {
         conn: &Connection,
         n: usize,
         topology: Topology,
-        delay: DelayBackend,
+        delay: impl DelayRouter,
         confirm_timeout: Duration,
     ) -> Result<Self, lapin::Error> {
         let mut channels = Vec::with_capacity(n.max(1));
@@ -74,7 +92,7 @@ impl Publisher {
             channels: channels.into(),
             next: Arc::new(AtomicUsize::new(0)),
             topology,
-            delay,
+            delay: Arc::new(delay),
             confirm_timeout,
         })
     }
@@ -153,17 +171,6 @@ impl Publisher {
             .await
     }
 
-    /// Publishes a held message whose wait is over to the cascade's exit,
-    /// which feeds the work queue, unchanged ([`crate::delay::hold`]).
-    pub async fn release(
-        &self,
-        payload: &[u8],
-        props: BasicProperties,
-    ) -> Result<(), PublishError> {
-        let out = crate::delay::cascade::out(&self.topology);
-        self.confirmed(&out, "", true, payload, props).await
-    }
-
     /// Publishes to the work queue only (used by replay).
     pub async fn to_work_queue(
         &self,
@@ -174,7 +181,10 @@ impl Publisher {
             .await
     }
 
-    async fn confirmed(
+    /// Publishes to `exchange` with `key` and waits for the broker's
+    /// confirm: the building block of every publish above, and of the
+    /// holder's release to the cascade's exit.
+    pub async fn confirmed(
         &self,
         exchange: &str,
         key: &str,
@@ -215,7 +225,7 @@ impl Publisher {
 /// - `x-delivery-count`, which quorum queues add to a redelivered message
 ///   (the hold queue's, for one): it counts another queue's deliveries.
 /// - the cascade's digits and due time of the last delay
-///   ([`crate::delay::cascade::is_cascade_header`]): a delayed copy gets its own,
+///   ([`is_cascade_header`]): a delayed copy gets its own,
 ///   and elsewhere they mean nothing.
 pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
@@ -223,7 +233,7 @@ pub fn strip_transit_headers(headers: &mut FieldTable) {
             || k == "x-delivery-count"
             || k.starts_with("x-first-death-")
             || k.starts_with("x-last-death-")
-            || crate::delay::cascade::is_cascade_header(k))
+            || is_cascade_header(k))
     });
 }
 

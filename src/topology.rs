@@ -5,26 +5,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
-use crate::delay::DelayBackend;
-
-/// Queue type of the work queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum QueueType {
-    /// Replicated, fsync'd Raft log: the safe default.
-    Quorum,
-    /// Classic durable queue.
-    Classic,
-}
-
-impl QueueType {
-    /// As `--queue-type` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueType::Quorum => "quorum",
-            QueueType::Classic => "classic",
-        }
-    }
-}
+pub use crate::config::QueueType;
 
 /// The names derived from `--prefix`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,13 +56,12 @@ impl Topology {
         }
     }
 
-    /// Declares everything, on channels of its own (a broker-side refusal
+    /// Declares the intake, work and dead objects, on channels of its own (a broker-side refusal
     /// closes the channel it happened on).
     pub async fn declare(
         &self,
         conn: &Connection,
         queue_type: QueueType,
-        delay: DelayBackend,
     ) -> Result<(), TopologyError> {
         let ch = &channel(conn, &self.prefix).await?;
         let durable = ExchangeDeclareOptions {
@@ -111,7 +91,6 @@ impl Topology {
             .await
             .map_err(|e| classify("queue", &self.dead, e))?;
         self.bind(ch, &self.intake, "").await?;
-        delay.declare(ch, self).await?;
         let _ = ch.close(200, "topology declared".into()).await;
         Ok(())
     }
@@ -120,20 +99,29 @@ impl Topology {
     /// throwaway prefixes such as the benchmark's).
     pub async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
-        // Both backends' names: deleting what does not exist is a no-op.
-        let (mut queues, mut exchanges) = crate::delay::cascade::names(self);
-        queues.extend([self.work.clone(), self.dead.clone()]);
-        exchanges.extend([self.intake.clone(), self.retry.clone()]);
-        for q in queues {
+        // The delay backends' objects are `crate::delay::delete`'s.
+        for q in [&self.work, &self.dead] {
             ch.queue_delete(q.as_str().into(), Default::default())
                 .await?;
         }
-        for x in exchanges {
+        for x in [&self.intake] {
             ch.exchange_delete(x.as_str().into(), Default::default())
                 .await?;
         }
         let _ = ch.close(200, "deleted".into()).await;
         Ok(())
+    }
+
+    /// Ready messages in the dead-letter queue (passive declare).
+    pub async fn dead_count(&self, ch: &Channel) -> Result<u32, lapin::Error> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let q = ch
+            .queue_declare(self.dead.as_str().into(), passive, FieldTable::default())
+            .await?;
+        Ok(q.message_count())
     }
 
     pub(crate) async fn bind(

@@ -200,7 +200,7 @@ async fn held_gauge_counts_short_delays() {
     assert!(ready(&admin).await, "not ready while consuming");
     let b = broker(&url, &p);
     let conn = b.url.connect("test").await.unwrap();
-    let t = b.declare_topology(&conn).await.unwrap();
+    let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let publisher = redeliver::publish::Publisher::new(&conn, t, cascade, Duration::from_secs(30))
         .await
         .unwrap();

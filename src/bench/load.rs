@@ -53,7 +53,7 @@ async fn publisher_for(
         prefix: prefix.to_string(),
         ..broker.clone()
     };
-    let t = b.declare_topology(conn).await?;
+    let t = crate::delay::declare_topology(&b, conn).await?;
     Ok(Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?)
 }
 
@@ -126,7 +126,7 @@ pub async fn wait_for_consumer(conn: &Connection, queue: &str) -> anyhow::Result
 
 /// Deletes a prefix's topology; a failure is only worth a warning.
 pub async fn remove(conn: &Connection, prefix: &str) {
-    if let Err(e) = Topology::new(prefix).delete(conn).await {
+    if let Err(e) = crate::delay::delete(&Topology::new(prefix), conn).await {
         tracing::warn!(error = %e, prefix, "could not delete the benchmark's queues");
     }
 }

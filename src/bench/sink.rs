@@ -134,7 +134,7 @@ impl Drop for Sink {
 }
 
 /// Microseconds since the Unix epoch (the clock the probes carry).
-pub use crate::delay::now_us;
+pub use crate::clock::now_us;
 
 /// The timestamps a measuring phase puts in a notification's body.
 #[derive(serde::Deserialize)]

@@ -242,7 +242,7 @@ pub struct RunArgs {
     /// With --delay-backend cascade: the most short delays (≤ 1 s) this
     /// worker holds at once, each in memory until due; it releases up to
     /// about this many per second. More wait in the hold queue, later.
-    #[arg(long, env = "REDELIVER_HOLD_PREFETCH", default_value_t = crate::delay::hold::PREFETCH, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "REDELIVER_HOLD_PREFETCH", default_value_t = crate::config::DEFAULT_HOLD_PREFETCH, value_parser = clap::value_parser!(u16).range(1..))]
     pub hold_prefetch: u16,
     /// Timeout of one HTTP attempt.
     #[arg(long, env = "REDELIVER_TIMEOUT", default_value = "15s", value_parser = duration)]

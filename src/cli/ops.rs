@@ -8,9 +8,9 @@ use crate::cli::commands::broker_settings;
 use crate::cli::{
     DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
 };
-use crate::delay::DelayBackend;
-use crate::message::dead_letter::{DeadLetter, Filter};
+use crate::message::dead_letter::Filter;
 use crate::ops::dlq::{walk, Op, Summary};
+use crate::ops::render::{table_header, table_row};
 use crate::publish::Publisher;
 use crate::topology::Topology;
 
@@ -207,110 +207,6 @@ pub async fn status(
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         return Ok(s);
     }
-    let unacked = |q: &crate::ops::status::QueueStatus| {
-        q.unacked
-            .map(|n| n.to_string())
-            .unwrap_or_else(|| "? (needs --management-url)".into())
-    };
-    writeln!(out, "prefix         {}  ({})", s.prefix, s.broker)?;
-    for q in [&s.work, &s.dead] {
-        if q.exists {
-            writeln!(
-                out,
-                "{:<14} ready {}  unacked {}  consumers {}",
-                q.name,
-                q.ready,
-                unacked(q),
-                q.consumers
-            )?;
-        } else {
-            writeln!(out, "{:<14} not declared yet", q.name)?;
-        }
-    }
-    // With the cascade the plugin only matters while it still holds
-    // messages from before a migration, so its absence is no alarm.
-    let avail = match (s.retry_exchange_type_available, s.delay_backend) {
-        (true, _) => "available",
-        (false, b) if b == DelayBackend::Cascade.as_str() => {
-            "not installed (not needed by the cascade)"
-        }
-        (false, _) => "MISSING (enable rabbitmq_delayed_message_exchange)",
-    };
-    writeln!(
-        out,
-        "delay backend  {}: x-delayed-message {avail}",
-        s.delay_backend
-    )?;
-    if let Some(n) = s.plugin_delayed {
-        writeln!(out, "plugin holds   {n} delayed messages for this prefix")?;
-    }
-    if s.hold.exists {
-        let h = &s.hold;
-        writeln!(
-            out,
-            "hold           {} ready {}  held {}  holders {}",
-            h.name,
-            h.ready,
-            unacked(h),
-            h.consumers
-        )?;
-    }
-    if !s.cascade.is_empty() {
-        let waiting: u64 = s.cascade.iter().map(|l| u64::from(l.messages)).sum();
-        writeln!(
-            out,
-            "cascade        {waiting} waiting in {} queues",
-            s.cascade.len()
-        )?;
-        for l in s.cascade.iter().filter(|l| l.messages > 0) {
-            let ttl =
-                humantime::format_duration(std::time::Duration::from_millis(l.ttl_ms)).to_string();
-            writeln!(out, "  {:<40} ({ttl:>11})  {}", l.queue, l.messages)?;
-        }
-    }
+    crate::ops::render::status(&s, out)?;
     Ok(s)
-}
-
-pub(crate) fn table_header(out: &mut impl Write) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  DEAD AT",
-        "ID", "URL", "ATT", "REASON", "STATUS", "LAST ERROR"
-    )
-}
-
-pub(crate) fn table_row(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
-    let m = &d.meta;
-    let dead_at = m
-        .dead_at
-        .and_then(|ms| u64::try_from(ms).ok())
-        .map(|ms| {
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
-            )
-            .to_string()
-        })
-        .unwrap_or_else(|| "-".into());
-    writeln!(
-        out,
-        "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  {dead_at}",
-        cut(&d.id, 36),
-        cut(d.url.as_deref().unwrap_or("-"), 40),
-        m.attempts,
-        m.reason.as_deref().unwrap_or("-"),
-        m.last_status
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "-".into()),
-        cut(m.last_error.as_deref().unwrap_or("-"), 32),
-    )
-}
-
-fn cut(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(n - 1).collect();
-        t.push('…');
-        t
-    }
 }

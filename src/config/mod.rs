@@ -2,17 +2,18 @@
 //! its password.
 
 pub mod routes;
+pub mod secret;
+
+pub use crate::message::redact::redact_url;
 
 use std::fmt;
 use std::time::Duration;
 
 use lapin::{Connection, ConnectionProperties};
 
-use crate::delay::DelayBackend;
 use crate::message::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::policy::RetryPolicy;
 use crate::policy::SuccessRules;
-use crate::topology::{QueueType, Topology, TopologyError};
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// The local test node (`tests/broker/ctl up`), the demo's default.
@@ -54,19 +55,6 @@ impl fmt::Display for AmqpUrl {
     }
 }
 
-/// Replaces the password in `scheme://user:password@host` with `***`.
-/// A URL without one comes back exactly as it was.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(_) => url.to_string(),
-        Err(_) => "<unparsable url>".to_string(),
-    }
-}
-
 /// Connection failures that waiting will not fix: refused credentials or
 /// vhost, and a broker certificate that does not verify (an unknown CA, a
 /// wrong name or an expired certificate). Matched on the error's text:
@@ -86,14 +74,52 @@ pub struct BrokerSettings {
     pub delay: DelayBackend,
 }
 
-impl BrokerSettings {
-    /// Declares the prefix's topology and returns its names.
-    pub async fn declare_topology(&self, conn: &Connection) -> Result<Topology, TopologyError> {
-        let topology = Topology::new(&self.prefix);
-        topology.declare(conn, self.queue_type, self.delay).await?;
-        Ok(topology)
+/// How a retry waits out its delay (`--delay-backend`); the backends
+/// themselves live in `crate::delay`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DelayBackend {
+    /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
+    #[default]
+    Plugin,
+    /// A cascade of TTL quorum queues, delays of 1 s or less held by the
+    /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers.
+    // See `crate::delay::cascade` and `crate::delay::hold`.
+    Cascade,
+}
+
+impl DelayBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DelayBackend::Plugin => "plugin",
+            DelayBackend::Cascade => "cascade",
+        }
     }
 }
+
+/// Queue type of the work queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueType {
+    /// Replicated, fsync'd Raft log: the safe default.
+    Quorum,
+    /// Classic durable queue.
+    Classic,
+}
+
+impl QueueType {
+    /// As `--queue-type` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Quorum => "quorum",
+            QueueType::Classic => "classic",
+        }
+    }
+}
+
+/// Messages one holder keeps at once (its prefetch) by default
+/// (`--hold-prefetch`). With delays ≤ 1 s a holder releases up to about
+/// this many per second before messages wait in the queue; each held
+/// message costs its size in memory.
+pub const DEFAULT_HOLD_PREFETCH: u16 = 8_192;
 
 /// The upstream plugin (3.10.2) was measured to lose a delayed message on
 /// a broker `kill -9` up to ~1.5 s after confirming it; 2 s covers that.
@@ -147,7 +173,7 @@ impl Default for WorkerSettings {
         WorkerSettings {
             concurrency: 32,
             prefetch: None,
-            hold_prefetch: crate::delay::hold::PREFETCH,
+            hold_prefetch: DEFAULT_HOLD_PREFETCH,
             policy: RetryPolicy::default(),
             rules: SuccessRules::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

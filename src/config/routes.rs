@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::deliver::signing::SigningSecret;
+use crate::config::secret::SigningSecret;
 
 #[derive(Clone, Debug, Default)]
 pub struct Route {

@@ -39,6 +39,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
+pub use crate::message::state::is_cascade_header;
+use crate::message::state::H_CASCADE_PREFIX;
 use crate::topology::{classify, Topology, TopologyError};
 
 /// Hexadecimal digits: 8 stages cover delays up to 16^8 − 1 = 2^32 − 1 ms.
@@ -47,9 +49,8 @@ pub const STAGES: u32 = 8;
 const DIGIT_BITS: u32 = 4;
 /// The largest digit; digit 0 means "skip this stage".
 pub const MAX_DIGIT: u32 = (1 << DIGIT_BITS) - 1;
-/// The header carrying stage s's digit: `redeliver-cascade-<s>`. No `x-`
-/// prefix: a headers exchange ignores `x-` binding arguments.
-const HEADER: &str = "redeliver-cascade-";
+/// The header carrying stage s's digit: `redeliver-cascade-<s>`.
+const HEADER: &str = H_CASCADE_PREFIX;
 
 /// Delays up to this long are held by the workers (see the module doc):
 /// the "as accurate as the plugin" range. Longer ones wait in the
@@ -124,12 +125,6 @@ pub fn entry(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> String {
         headers.insert(header(s).into(), AMQPValue::LongString(d.into()));
     }
     stage(t, top)
-}
-
-/// Whether `name` is one of the headers a delay through the cascade sets:
-/// its digits, or a held message's due time.
-pub fn is_cascade_header(name: &str) -> bool {
-    name.starts_with(HEADER)
 }
 
 fn header(s: u32) -> String {

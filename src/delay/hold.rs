@@ -31,14 +31,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::config::BrokerSettings;
+use crate::amqp::requeue;
+use crate::config::{BrokerSettings, DEFAULT_HOLD_PREFETCH as PREFETCH};
 use crate::delay::cascade;
 use crate::delay::DelayBackend;
 use crate::message::state::{self, H_DELAY};
 use crate::publish::{PublishError, Publisher};
 use crate::telemetry::{self, GaugeGuard};
 use crate::topology::{Topology, TopologyError};
-use crate::worker::process::requeue;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {
@@ -51,12 +51,6 @@ pub enum HoldError {
     #[error("releasing a held message failed (unroutable or unconfirmed)")]
     ReleaseFailing,
 }
-
-/// Messages one holder keeps at once (its prefetch) by default
-/// (`--hold-prefetch`). With delays ≤ 1 s a holder releases up to about
-/// this many per second before messages wait in the queue; each held
-/// message costs its size in memory.
-pub const PREFETCH: u16 = 8_192;
 
 /// Confirm channels [`run`]'s releases are spread over.
 const CHANNELS: usize = 2;
@@ -86,7 +80,7 @@ fn wait_of(headers: Option<&FieldTable>) -> Duration {
     hold_for(
         int(cascade::DUE_HEADER),
         int(H_DELAY),
-        crate::delay::now_us(),
+        crate::clock::now_us(),
     )
 }
 
@@ -95,6 +89,8 @@ pub struct Holder {
     channel: Channel,
     consumer: lapin::Consumer,
     publisher: Publisher,
+    /// The cascade's exit, where a message goes once its wait is over.
+    out: String,
 }
 
 impl Holder {
@@ -129,6 +125,7 @@ impl Holder {
             channel,
             consumer,
             publisher,
+            out: cascade::out(topology),
         })
     }
 
@@ -143,6 +140,7 @@ impl Holder {
     ) -> Result<(), HoldError> {
         let shared = Arc::new(Shared {
             publisher: self.publisher,
+            out: self.out,
             channel: self.channel,
             hard_stop,
             failed: CancellationToken::new(),
@@ -199,6 +197,7 @@ impl Holder {
 /// going to release, so each would be delivered twice.
 struct Shared {
     publisher: Publisher,
+    out: String,
     channel: Channel,
     hard_stop: CancellationToken,
     /// Cancelled by a release that failed for a reason a new session may
@@ -229,7 +228,11 @@ async fn hold_one(s: Arc<Shared>, d: Delivery) {
     if !d.acker.usable() {
         return;
     }
-    match s.publisher.release(&d.data, d.properties.clone()).await {
+    match s
+        .publisher
+        .confirmed(&s.out, "", true, &d.data, d.properties.clone())
+        .await
+    {
         Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {
             Ok(true) => {}
             // Released but still in the hold queue: it is released again
@@ -263,9 +266,12 @@ pub async fn run(broker: &BrokerSettings, shutdown: CancellationToken) -> Result
     let conn = broker.url.connect("redeliver holder").await?;
     // The cascade's topology, whichever backend `broker` names: holding
     // is the cascade's.
-    let topology = Topology::new(&broker.prefix);
     let cascade = DelayBackend::Cascade;
-    topology.declare(&conn, broker.queue_type, cascade).await?;
+    let b = BrokerSettings {
+        delay: cascade,
+        ..broker.clone()
+    };
+    let topology = crate::delay::declare_topology(&b, &conn).await?;
     let publisher = Publisher::with_channels(
         &conn,
         CHANNELS,

@@ -7,30 +7,50 @@ pub mod hold;
 
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 
+pub use crate::config::DelayBackend;
+pub use crate::publish::{DelayRouter, DelayedRoute};
+
+use crate::config::BrokerSettings;
 use crate::message::state::H_DELAY;
 use crate::topology::{classify, Topology, TopologyError};
 
-/// Where a delayed message is published.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DelayedRoute {
-    pub exchange: String,
-    pub routing_key: String,
-    /// Whether to publish `mandatory`: an unroutable copy is then an error,
-    /// not a silent drop. The plugin cannot use it (see [`DelayBackend::route`]).
-    pub mandatory: bool,
+/// Declares the prefix's whole topology: the intake, work and dead objects
+/// ([`Topology::declare`]), then those of the backend `broker.delay` names.
+/// Every command that touches a prefix calls it; it is idempotent.
+pub async fn declare_topology(
+    broker: &BrokerSettings,
+    conn: &Connection,
+) -> Result<Topology, TopologyError> {
+    let topology = Topology::new(&broker.prefix);
+    topology.declare(conn, broker.queue_type).await?;
+    let ch = conn
+        .create_channel()
+        .await
+        .map_err(|e| classify("a channel for", &broker.prefix, e))?;
+    broker.delay.declare(&ch, &topology).await?;
+    let _ = ch.close(200, "topology declared".into()).await;
+    Ok(topology)
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum DelayBackend {
-    /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
-    #[default]
-    Plugin,
-    /// A cascade of TTL quorum queues, delays of 1 s or less held by the
-    /// `run` workers: no plugin, for RabbitMQ 4.3+ and managed brokers.
-    // See `crate::delay::cascade` and `crate::delay::hold`.
-    Cascade,
+/// Deletes the prefix's queues and exchanges, both backends' included,
+/// messages and all (for throwaway prefixes: the demo's, the benchmark's,
+/// tests').
+pub async fn delete(topology: &Topology, conn: &Connection) -> Result<(), lapin::Error> {
+    // Deleting what does not exist is a no-op.
+    let (queues, exchanges) = cascade::names(topology);
+    let ch = conn.create_channel().await?;
+    for q in queues {
+        ch.queue_delete(q.as_str().into(), Default::default())
+            .await?;
+    }
+    for x in exchanges.iter().chain([&topology.retry]) {
+        ch.exchange_delete(x.as_str().into(), Default::default())
+            .await?;
+    }
+    let _ = ch.close(200, "deleted".into()).await;
+    topology.delete(conn).await
 }
 
 impl DelayBackend {
@@ -63,13 +83,6 @@ impl DelayBackend {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DelayBackend::Plugin => "plugin",
-            DelayBackend::Cascade => "cascade",
-        }
-    }
-
     /// Sets the delay on `headers` and says where to publish, and whether
     /// `mandatory` may be set (the plugin returns every delayed message as
     /// unroutable at publish time, so not there). The route reaches the
@@ -88,7 +101,7 @@ impl DelayBackend {
             // Short delays go to the hold queue (default exchange, its
             // name as the key), where the workers time them.
             DelayBackend::Cascade if crate::delay::cascade::is_held(delay_ms) => {
-                crate::delay::cascade::hold_entry(delay_ms, now_us(), headers);
+                crate::delay::cascade::hold_entry(delay_ms, crate::clock::now_us(), headers);
                 DelayedRoute {
                     exchange: String::new(),
                     routing_key: crate::delay::cascade::hold(t),
@@ -104,11 +117,8 @@ impl DelayBackend {
     }
 }
 
-/// This host's clock in microseconds since the Unix epoch (0 for a clock
-/// set before 1970, which [`crate::delay::cascade::hold_entry`] does not trust).
-pub fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+impl DelayRouter for DelayBackend {
+    fn route(&self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+        DelayBackend::route(*self, t, delay_ms, headers)
+    }
 }

@@ -8,8 +8,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::message::redact::{is_secret_header, redact_url, REDACTED};
 use crate::message::state::{
-    self, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR,
+    self, to_json, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR,
     H_LAST_STATUS,
 };
 
@@ -114,7 +115,7 @@ impl DeadLetter {
     /// Cookie, `*-token`, ...) in the notification and any password in its URL.
     pub fn redact(&mut self) {
         if let Some(url) = &self.url {
-            self.url = Some(crate::config::redact_url(url));
+            self.url = Some(redact_url(url));
         }
         let Some(n) = &mut self.notification else {
             return;
@@ -123,7 +124,7 @@ impl DeadLetter {
             .get("url")
             .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
         {
-            n.insert("url".into(), raw(&crate::config::redact_url(&u)));
+            n.insert("url".into(), raw(&redact_url(&u)));
         }
         let headers = n
             .get("headers")
@@ -150,49 +151,9 @@ impl DeadLetter {
     }
 }
 
-pub const REDACTED: &str = "***redacted***";
-
-/// Request headers whose values are credentials.
-pub fn is_secret_header(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    matches!(
-        n.as_str(),
-        "authorization" | "proxy-authorization" | "cookie" | "set-cookie" | "x-api-key" | "api-key"
-    ) || n.ends_with("-token")
-        || n.ends_with("-secret")
-        || n.contains("password")
-        || n.contains("signature")
-}
-
 fn raw<T: Serialize>(v: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(v)
         .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
-}
-
-/// AMQP field values as JSON (byte strings as UTF-8, lossily).
-pub fn to_json(v: &AMQPValue) -> serde_json::Value {
-    use serde_json::Value as J;
-    if let Some(n) = state::int(v) {
-        return J::from(n);
-    }
-    match v {
-        AMQPValue::Boolean(b) => J::from(*b),
-        AMQPValue::Float(f) => J::from(*f as f64),
-        AMQPValue::Double(f) => J::from(*f),
-        AMQPValue::Timestamp(t) => J::from(*t),
-        AMQPValue::LongString(s) => J::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => J::from(s.as_str()),
-        AMQPValue::ByteArray(b) => J::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
-        AMQPValue::FieldArray(a) => J::Array(a.as_slice().iter().map(to_json).collect()),
-        AMQPValue::FieldTable(t) => J::Object(
-            t.inner()
-                .iter()
-                .map(|(k, v)| (k.to_string(), to_json(v)))
-                .collect(),
-        ),
-        AMQPValue::DecimalValue(d) => J::from(format!("{d:?}")),
-        _ => J::Null,
-    }
 }
 
 /// Which dead letters an operation applies to. Empty means all.

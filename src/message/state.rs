@@ -15,6 +15,15 @@ pub const H_HISTORY: &str = "redeliver-history";
 pub const H_DEAD_REASON: &str = "redeliver-dead-reason";
 pub const H_DEAD_AT: &str = "redeliver-dead-at";
 pub const H_DELAY: &str = "x-delay";
+/// The cascade delay backend's headers (its digits and due time) all start
+/// with this. No `x-` prefix: a headers exchange ignores `x-` binding
+/// arguments.
+pub const H_CASCADE_PREFIX: &str = "redeliver-cascade-";
+
+/// Whether a header is one of the cascade's, which a copy never keeps.
+pub fn is_cascade_header(name: &str) -> bool {
+    name.starts_with(H_CASCADE_PREFIX)
+}
 
 /// Errors are cut to this many characters in headers.
 pub const MAX_ERROR_CHARS: usize = 512;
@@ -159,7 +168,7 @@ pub fn long_string(s: &str) -> AMQPValue {
 
 /// A header value as an operator should read it (JSON), not a debug dump.
 fn shown(v: &AMQPValue) -> String {
-    crate::message::dead_letter::to_json(v).to_string()
+    to_json(v).to_string()
 }
 
 /// Any AMQP integer type.
@@ -187,6 +196,32 @@ pub fn string(v: &AMQPValue) -> Option<String> {
 /// Header lookup by name.
 pub fn get<'a>(h: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
     h.and_then(|h| h.inner().get(&ShortString::from(name)))
+}
+
+/// AMQP field values as JSON (byte strings as UTF-8, lossily).
+pub fn to_json(v: &AMQPValue) -> serde_json::Value {
+    use serde_json::Value as J;
+    if let Some(n) = int(v) {
+        return J::from(n);
+    }
+    match v {
+        AMQPValue::Boolean(b) => J::from(*b),
+        AMQPValue::Float(f) => J::from(*f as f64),
+        AMQPValue::Double(f) => J::from(*f),
+        AMQPValue::Timestamp(t) => J::from(*t),
+        AMQPValue::LongString(s) => J::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => J::from(s.as_str()),
+        AMQPValue::ByteArray(b) => J::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::FieldArray(a) => J::Array(a.as_slice().iter().map(to_json).collect()),
+        AMQPValue::FieldTable(t) => J::Object(
+            t.inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), to_json(v)))
+                .collect(),
+        ),
+        AMQPValue::DecimalValue(d) => J::from(format!("{d:?}")),
+        _ => J::Null,
+    }
 }
 
 #[cfg(test)]

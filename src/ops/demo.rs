@@ -87,7 +87,7 @@ async fn run(
         .connect("redeliver demo")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", b.url))?;
-    let topology = b.declare_topology(&conn).await?;
+    let topology = crate::delay::declare_topology(&b, &conn).await?;
     let publisher =
         Publisher::new(&conn, topology.clone(), b.delay, Duration::from_secs(30)).await?;
     let mut labels = HashMap::new();
@@ -191,11 +191,11 @@ async fn summary(
         "\nThe dead-letter queue {} (`redeliver dlq list`), before the demo deletes it:",
         topology.dead
     )?;
-    crate::cli::ops::table_header(out)?;
+    crate::ops::render::table_header(out)?;
     let mut io = Ok(());
     walk(conn, topology, &Filter::default(), None, Op::Keep, |d| {
         if io.is_ok() {
-            io = crate::cli::ops::table_row(out, d);
+            io = crate::ops::render::table_row(out, d);
         }
     })
     .await?;
@@ -232,7 +232,7 @@ async fn summary(
 /// Deletes the demo's prefix: both backends' queues and exchanges.
 async fn cleanup(b: &BrokerSettings) -> anyhow::Result<()> {
     let conn = b.url.connect("redeliver demo cleanup").await?;
-    Topology::new(&b.prefix).delete(&conn).await?;
+    crate::delay::delete(&Topology::new(&b.prefix), &conn).await?;
     let _ = conn.close(200, "".into()).await;
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! was confirmed. An interruption at any point therefore leaves every
 //! message in the dead-letter queue, the work queue, or (rarely) both.
 
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
@@ -64,12 +64,12 @@ pub async fn walk(
     let ch = conn.create_channel().await?;
     // Only what is there now: dead letters that arrive during the walk
     // are left for the next one.
-    let total = match dead_count(&ch, topology).await {
+    let total = match topology.dead_count(&ch).await {
         Ok(n) => n,
         Err(e) if e.is_amqp_soft_error() => return Err(DlqError::NoQueue(topology.dead.clone())),
         Err(e) => return Err(e.into()),
     };
-    let now = crate::worker::process::now_ms();
+    let now = crate::clock::now_ms();
     let mut s = Summary::default();
     while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
         let opts = BasicGetOptions { no_ack: false };
@@ -106,22 +106,6 @@ pub async fn walk(
     // Closing the channel returns every kept message to its place.
     let _ = ch.close(200, "dead-letter walk done".into()).await;
     Ok(s)
-}
-
-/// Ready messages in the dead-letter queue (passive declare).
-pub async fn dead_count(ch: &lapin::Channel, topology: &Topology) -> Result<u32, lapin::Error> {
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let q = ch
-        .queue_declare(
-            topology.dead.as_str().into(),
-            passive,
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(q.message_count())
 }
 
 /// The properties for a replay: the attempt counter and the death record

@@ -4,4 +4,5 @@ pub mod demo;
 mod demo_receiver;
 pub mod dlq;
 pub mod local_node;
+pub mod render;
 pub mod status;

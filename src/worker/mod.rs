@@ -194,7 +194,7 @@ async fn consume<H: DeliveryHandler>(
     semaphore: &Arc<Semaphore>,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
-    let topology = broker.declare_topology(conn).await?;
+    let topology = crate::delay::declare_topology(&broker, conn).await?;
     let publisher = Publisher::with_channels(
         conn,
         PUBLISH_CHANNELS,
@@ -353,7 +353,7 @@ const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
 /// last value: the gauge is "at the last check".
 async fn watch_dead_letters(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
     loop {
-        match crate::ops::dlq::dead_count(&channel, &topology).await {
+        match topology.dead_count(&channel).await {
             Ok(n) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(n)),
             // A failed passive declare closes the channel; stop until the
             // next session.

@@ -5,13 +5,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::options::BasicAckOptions;
 use lapin::types::FieldTable;
 use lapin::Acker;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::amqp::requeue;
+use crate::clock::now_ms;
 use crate::config::routes::Route;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
@@ -315,16 +317,4 @@ fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, 
         error = c.error.as_deref(),
         "attempt"
     );
-}
-
-/// A nack that returns the delivery to its queue.
-pub(crate) fn requeue() -> BasicNackOptions {
-    BasicNackOptions {
-        requeue: true,
-        ..Default::default()
-    }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    (crate::delay::now_us() / 1000) as i64
 }

@@ -54,7 +54,7 @@ pub fn load(rx: &Receiver, n: usize) -> Vec<(String, serde_json::Value)> {
 pub async fn preload(url: &str, prefix: &str, load: &[(String, serde_json::Value)]) {
     let b = broker(url, prefix);
     let conn = b.url.connect("chaos preload").await.unwrap();
-    let t = b.declare_topology(&conn).await.unwrap();
+    let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await

@@ -71,7 +71,7 @@ pub fn spawn_worker_with(
 pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -> Vec<String> {
     let b = broker(url, prefix);
     let conn = b.url.connect("test publish").await.unwrap();
-    let t = b.declare_topology(&conn).await.unwrap();
+    let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let p = redeliver::publish::Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
         .await
         .unwrap();
@@ -223,7 +223,7 @@ pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
 pub async fn cleanup(url: &str, prefix: &str) {
     let conn = AmqpUrl::new(url).connect("test cleanup").await.unwrap();
     // Both backends' names; deleting what does not exist is a no-op.
-    let _ = Topology::new(prefix).delete(&conn).await;
+    let _ = redeliver::delay::delete(&Topology::new(prefix), &conn).await;
     let _ = conn.close(200, "".into()).await;
 }
 
@@ -248,7 +248,7 @@ async fn publish_confirmed(
 ) {
     let b = broker(url, prefix);
     let conn = b.url.connect("test publish").await.unwrap();
-    b.declare_topology(&conn).await.unwrap();
+    redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
     for (payload, headers) in items {
