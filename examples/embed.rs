@@ -178,7 +178,7 @@ async fn main() -> anyhow::Result<()> {
     // in-flight ones finish within `shutdown_grace`, returns the rest to the
     // queue, and makes `run` return Ok. A second Ctrl-C exits at once;
     // unacked messages go back to the queue through the broker.
-    // (`redeliver::cli::commands::shutdown_on_signals()` does the same with SIGTERM.)
+    // (the `redeliver` binary does the same on SIGINT and SIGTERM.)
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     tokio::spawn(async move {

@@ -34,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
         queue_type: QueueType::Quorum,
         delay: DelayBackend::Plugin,
     };
-    let topology = broker.declare_topology(&conn).await?;
+    let topology = redeliver::delay::declare_topology(&broker, &conn).await?;
     let publisher = Publisher::new(
         &conn,
         topology,

@@ -1,6 +1,9 @@
-use redeliver::cli::{commands as app, config_cmd, file as config_file, ops};
-use redeliver::cli::{Command, ConfigCommand, DlqCommand};
+//! The `redeliver` binary: argv → logs → signals → one library call.
+//! Everything else is in the library (`redeliver::cli`).
+
+use redeliver::cli::{self, errors, file, Command};
 use redeliver::telemetry::{self, LogFormat};
+use tokio_util::sync::CancellationToken;
 
 /// mimalloc rather than glibc malloc: a delivery allocates and frees many
 /// small buffers across threads (AMQP frames, HTTP requests, log lines), and
@@ -12,7 +15,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let argv: Vec<_> = std::env::args_os().collect();
     // Flags, then env, then the --config file, then defaults.
-    let cli = match config_file::parse_args(argv.clone()) {
+    let cli = match file::parse_args(argv.clone()) {
         Ok((cli, _)) => cli,
         Err(e) => e.exit(),
     };
@@ -21,31 +24,52 @@ async fn main() {
         Command::Demo => telemetry::init_with_default(format, "warn,lapin=off"),
         _ => telemetry::init(format),
     }
-    let g = &cli.global;
     let out = &mut std::io::stdout().lock();
-    let result = match &cli.command {
-        Command::Run(a) => app::run(g, a, app::shutdown_on_signals()).await,
-        Command::Publish(a) => app::publish(g, a).await,
-        Command::Dlq(DlqCommand::List(a)) => ops::dlq_list(g, a, out).await.map(drop),
-        Command::Dlq(DlqCommand::Show { id }) => ops::dlq_show(g, id, out).await,
-        Command::Dlq(DlqCommand::Replay(a)) => ops::dlq_replay(g, a, out).await.map(drop),
-        Command::Dlq(DlqCommand::Purge(a)) => ops::dlq_purge(g, a, out).await.map(drop),
-        Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
-        Command::Status(a) => ops::status(g, a, out).await.map(drop),
-        Command::Demo => app::demo(g).await,
-        Command::Bench(a) => app::bench(g, a, out).await,
-        Command::Config(ConfigCommand::Check { file }) => config_cmd::check(file, out),
-        Command::Config(ConfigCommand::Show(_)) => config_cmd::show(argv, out),
-    };
+    let result = cli::execute(&cli, argv, shutdown_on_signals(), out).await;
     if let Err(e) = result {
-        if app::is_broken_pipe(&e) {
+        if errors::is_broken_pipe(&e) {
             return;
         }
-        let line = app::error_line(&e);
+        let line = errors::error_line(&e);
         eprintln!("error: {line}");
-        if let Some(hint) = app::hint(&line) {
+        if let Some(hint) = errors::hint(&line) {
             eprintln!("hint: {hint}");
         }
         std::process::exit(1);
+    }
+}
+
+/// Cancels the returned token on the first SIGINT or SIGTERM; a second
+/// signal exits at once (unacked messages return to the queue).
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        wait_signal().await;
+        tracing::info!("shutting down; a second signal exits at once");
+        t.cancel();
+        wait_signal().await;
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

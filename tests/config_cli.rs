@@ -227,7 +227,7 @@ fn retry_settle_defaults_by_delay_backend() {
         let redeliver::cli::Command::Run(a) = &cli.command else {
             panic!("not run")
         };
-        let s = redeliver::cli::commands::worker_settings(a, cli.global.delay_backend).unwrap();
+        let s = redeliver::cli::settings::worker_settings(a, cli.global.delay_backend).unwrap();
         s.retry_settle
     };
     assert_eq!(settle(&["redeliver", "run"]), Duration::from_secs(2));

@@ -6,10 +6,10 @@ use anyhow::Context as _;
 use lapin::Connection;
 
 use super::load::{self, Ceiling, Item};
+use super::options::{BenchOptions, Phase, Sizes};
 use super::procs::{Spawner, Usage, WorkerProc};
 use super::report::{Figure, Machine, Report};
 use super::sink::{Mode, Seen, Sink};
-use super::{BenchOptions, Phase, Sizes};
 use crate::deliver::{DeliveryHandler, HttpDeliverer};
 
 /// Notifications of the retry phase's run with the settle on.

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use super::Sizes;
+use super::options::Sizes;
 
 /// One measured figure, and the target it is read against, if any.
 #[derive(Clone, Debug, serde::Serialize)]

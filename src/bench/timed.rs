@@ -6,10 +6,10 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 
 use super::load;
+use super::options::Phase;
 use super::phases::Bench;
 use super::report::percentiles;
 use super::sink::{now_us, Mode};
-use super::Phase;
 
 /// A target's text and its test.
 type Target = (&'static str, fn(f64) -> bool);

@@ -9,14 +9,12 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{GlobalArgs, PolicyArgs, PublishArgs, RunArgs};
-use crate::config::{
-    AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL, LOCAL_TEST_AMQP_URL,
-};
+use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
+use crate::cli::errors::error_line;
+use crate::cli::settings::{broker_settings, worker_settings};
+use crate::config::{AmqpUrl, BrokerSettings, LOCAL_TEST_AMQP_URL};
 use crate::deliver::guard::AddressPolicy;
 use crate::deliver::HttpDeliverer;
-use crate::policy::SuccessRules;
-use crate::policy::{self, Backoff, RetryPolicy};
 use crate::publish::{prepare, Prepared, PublishError, Publisher};
 use crate::topology::TopologyError;
 
@@ -25,29 +23,27 @@ const PUBLISH_WINDOW: usize = 256;
 /// Connection attempts of one `publish` (backoff 0.5 s, 1 s, 2 s, ...).
 const PUBLISH_TRIES: u32 = 6;
 
-pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
-    BrokerSettings {
-        url: AmqpUrl::new(g.amqp_url.as_deref().unwrap_or(DEFAULT_AMQP_URL)),
-        prefix: g.prefix.clone(),
-        queue_type: g.queue_type,
-        delay: g.delay_backend,
-    }
-}
-
-/// `redeliver demo`: against the local test node unless a URL is given.
-pub async fn demo(g: &GlobalArgs) -> anyhow::Result<()> {
+/// `redeliver demo`: against the local test node unless a URL is given;
+/// that node is started first when nothing answers on its port. Stops
+/// early (still deleting its queues) when `shutdown` is cancelled.
+pub async fn demo(
+    g: &GlobalArgs,
+    shutdown: CancellationToken,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
     let mut b = broker_settings(g);
     if g.amqp_url.is_none() {
-        b.url = AmqpUrl::new(LOCAL_TEST_AMQP_URL);
+        crate::ops::local_node::ensure_running(out).await?;
+        b.url = AmqpUrl::new(crate::ops::local_node::url());
     }
-    crate::ops::demo::demo(&b, &mut std::io::stdout().lock()).await
+    crate::ops::demo::demo(&b, out, shutdown).await
 }
 
 /// `redeliver bench`: against the local test node unless a URL is given.
 /// The table goes to `out`, progress to stderr.
 pub async fn bench(
     g: &GlobalArgs,
-    args: &crate::cli::BenchArgs,
+    args: &crate::cli::args::BenchArgs,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
     let mut broker = broker_settings(g);
@@ -96,60 +92,6 @@ pub async fn run(
     }
     crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
     Ok(())
-}
-
-/// `backend` picks the default `--retry-settle`: only the plugin confirms
-/// before its disk write.
-pub fn worker_settings(
-    args: &RunArgs,
-    backend: crate::delay::DelayBackend,
-) -> anyhow::Result<WorkerSettings> {
-    let policy = retry_policy(&args.policy)?;
-    let concurrency = usize::from(args.concurrency);
-    let prefetch = args.prefetch.map(usize::from);
-    if let Some(p) = prefetch.filter(|&p| p < concurrency) {
-        bail!(
-            "--prefetch {p} is below --concurrency {concurrency}: some slots could never be used"
-        );
-    }
-    Ok(WorkerSettings {
-        concurrency,
-        prefetch,
-        hold_prefetch: args.hold_prefetch,
-        policy,
-        rules: SuccessRules {
-            permanent_status: args.permanent_status.clone(),
-            success_body: args.success_body.clone(),
-        },
-        max_message_bytes: args.max_message_bytes,
-        confirm_timeout: args.confirm_timeout,
-        shutdown_grace: args.shutdown_grace,
-        retry_settle: args.retry_settle.unwrap_or(match backend {
-            crate::delay::DelayBackend::Plugin => crate::config::DEFAULT_RETRY_SETTLE,
-            crate::delay::DelayBackend::Cascade => Duration::ZERO,
-        }),
-        ..WorkerSettings::default()
-    })
-}
-
-/// Builds and validates the policy; a delay beyond the exchange's limit is
-/// rejected here, at start, not at the first retry.
-pub fn retry_policy(p: &PolicyArgs) -> anyhow::Result<RetryPolicy> {
-    let backoff = match &p.schedule {
-        Some(s) => Backoff::Schedule(policy::parse_schedule(s).context("--schedule")?),
-        None => Backoff::Exponential {
-            initial: p.initial_delay,
-            factor: p.factor,
-            max: p.max_delay,
-            jitter: p.jitter,
-        },
-    };
-    let policy = RetryPolicy {
-        max_attempts: p.max_attempts,
-        backoff,
-    };
-    policy.validate().context("invalid retry policy")?;
-    Ok(policy)
 }
 
 /// `redeliver publish`: validates everything first, then publishes with
@@ -332,75 +274,4 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
 
 fn raw<T: serde::Serialize + ?Sized>(v: &T) -> anyhow::Result<Box<RawValue>> {
     Ok(serde_json::value::to_raw_value(v)?)
-}
-
-/// Output cut short by the reader (`redeliver dlq list | head`) is not a failure.
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// One line for an error and its causes, leaving out a cause whose text
-/// the line already holds (lapin repeats its inner error in its own text).
-/// A next step for errors whose cause is common and not obvious.
-pub fn hint(line: &str) -> Option<&'static str> {
-    if line.contains("invalid peer certificate") {
-        return Some(
-            "the broker's TLS certificate is not trusted by the system's roots; \
-             point SSL_CERT_FILE (or SSL_CERT_DIR) at its CA, or fix the host name in the URL",
-        );
-    }
-    None
-}
-
-pub fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
-/// Cancels the returned token on the first SIGINT or SIGTERM; a second
-/// signal exits at once (unacked messages return to the queue).
-pub fn shutdown_on_signals() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        wait_signal().await;
-        tracing::info!("shutting down; a second signal exits at once");
-        t.cancel();
-        wait_signal().await;
-        std::process::exit(130);
-    });
-    token
-}
-
-async fn wait_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

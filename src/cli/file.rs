@@ -23,9 +23,10 @@ use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory};
-use toml_edit::{Document, Item, Value};
+use toml_edit::{Document, Item};
 
-use crate::cli::Cli;
+use crate::cli::args::Cli;
+use crate::cli::toml::{line_of, values};
 use crate::config::routes::Routes;
 
 #[derive(Debug, thiserror::Error)]
@@ -201,8 +202,8 @@ impl ConfigFile {
         })?;
         let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
             .map_err(|e| (1, e.to_string()))?;
-        if let crate::cli::Command::Run(a) = &cli.command {
-            if let Err(e) = crate::cli::commands::worker_settings(a, cli.global.delay_backend) {
+        if let crate::cli::args::Command::Run(a) = &cli.command {
+            if let Err(e) = crate::cli::settings::worker_settings(a, cli.global.delay_backend) {
                 let m = format!("{e:#}");
                 return Err((line_for(&m), m));
             }
@@ -295,34 +296,6 @@ fn setting(key: &str, item: &Item, line: usize) -> Result<Setting, String> {
         values,
         line,
     })
-}
-
-/// A setting's value(s) as text: one scalar, or an array of them; `None`
-/// for a table, which each caller words in its own error.
-pub(crate) fn values(item: &Item) -> Option<Result<Vec<String>, String>> {
-    match item {
-        Item::Value(Value::Array(a)) => Some(a.iter().map(scalar).collect()),
-        Item::Value(v) => Some(scalar(v).map(|s| vec![s])),
-        _ => None,
-    }
-}
-
-pub(crate) fn scalar(v: &Value) -> Result<String, String> {
-    match v {
-        Value::String(s) => Ok(s.value().clone()),
-        Value::Integer(i) => Ok(i.value().to_string()),
-        Value::Float(f) => Ok(f.value().to_string()),
-        Value::Boolean(b) => Ok(b.value().to_string()),
-        _ => Err("expected a string, number or boolean".to_string()),
-    }
-}
-
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }
 
 fn first_line(s: &str) -> &str {

@@ -4,10 +4,10 @@ use std::io::Write;
 
 use anyhow::{bail, Context as _};
 
-use crate::cli::commands::broker_settings;
-use crate::cli::{
+use crate::cli::args::{
     DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
 };
+use crate::cli::settings::broker_settings;
 use crate::message::dead_letter::Filter;
 use crate::ops::dlq::{walk, Op, Summary};
 use crate::ops::render::{table_header, table_row};
@@ -37,7 +37,7 @@ async fn connect(g: &GlobalArgs, name: &str) -> anyhow::Result<(lapin::Connectio
 pub async fn dlq_list(
     g: &GlobalArgs,
     a: &DlqListArgs,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<Summary> {
     let (conn, t) = connect(g, "redeliver dlq list").await?;
     let mut header = !a.json;
@@ -67,7 +67,11 @@ pub async fn dlq_list(
 }
 
 /// `dlq show ID`: everything about one dead letter.
-pub async fn dlq_show(g: &GlobalArgs, id: &str, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn dlq_show(
+    g: &GlobalArgs,
+    id: &str,
+    out: &mut (impl Write + ?Sized),
+) -> anyhow::Result<()> {
     let (conn, t) = connect(g, "redeliver dlq show").await?;
     let mut found = None;
     walk(
@@ -100,7 +104,7 @@ pub async fn dlq_show(g: &GlobalArgs, id: &str, out: &mut impl Write) -> anyhow:
 pub async fn dlq_replay(
     g: &GlobalArgs,
     a: &DlqReplayArgs,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<Summary> {
     let f = filter(&a.ids, &a.filter);
     if f.is_empty() && !a.all {
@@ -146,7 +150,7 @@ pub async fn dlq_replay(
 pub async fn dlq_purge(
     g: &GlobalArgs,
     a: &DlqPurgeArgs,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<Summary> {
     let (conn, t) = connect(g, "redeliver dlq purge").await?;
     let op = if a.yes { Op::Purge } else { Op::Keep };
@@ -164,7 +168,7 @@ pub async fn dlq_purge(
 pub async fn dlq_export(
     g: &GlobalArgs,
     a: &DlqExportArgs,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<Summary> {
     let mut sink: Box<dyn Write + '_> = match &a.out {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -197,7 +201,7 @@ pub async fn dlq_export(
 pub async fn status(
     g: &GlobalArgs,
     a: &StatusArgs,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<crate::ops::status::Status> {
     let b = broker_settings(g);
     let s = crate::ops::status::status(&b, a.management_url.as_deref())

@@ -2,7 +2,7 @@
 
 use toml_edit::Table;
 
-use crate::cli::file::{line_of, values};
+use crate::cli::toml::{line_of, values};
 use crate::config::routes::Route;
 use crate::deliver::signing::SigningSecret;
 use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};

@@ -41,7 +41,11 @@ struct Tally {
 }
 
 /// Runs the demo; `broker.prefix` is the base of the demo's own prefix.
-pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn demo(
+    broker: &BrokerSettings,
+    out: &mut dyn Write,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let mut b = broker.clone();
     b.prefix = format!(
         "{}.demo-{}",
@@ -60,10 +64,11 @@ pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Resu
         "policy: schedule {SCHEDULE}, max {MAX_ATTEMPTS} attempts, timeout {}s\n",
         TIMEOUT.as_secs()
     )?;
-    // Ctrl-C still cleans up: the demo's queues never outlive it.
+    // A shutdown (Ctrl-C in the binary) still cleans up: the demo's queues
+    // never outlive it.
     let result = tokio::select! {
         r = run(&b, addr, out) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = shutdown.cancelled() => Err(anyhow::anyhow!("interrupted")),
     };
     receiver.abort();
     let cleaned = cleanup(&b).await;
@@ -80,7 +85,7 @@ pub async fn demo(broker: &BrokerSettings, out: &mut impl Write) -> anyhow::Resu
 async fn run(
     b: &BrokerSettings,
     addr: std::net::SocketAddr,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> anyhow::Result<()> {
     let conn = b
         .url
@@ -138,7 +143,7 @@ async fn run(
 }
 
 fn progress(
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
     started: Instant,
     labels: &HashMap<String, String>,
     t: &mut Tally,
@@ -180,7 +185,7 @@ fn progress(
 }
 
 async fn summary(
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
     conn: &lapin::Connection,
     (topology, delay): (&Topology, DelayBackend),
     t: &Tally,

@@ -51,17 +51,13 @@ fn ctl_path() -> PathBuf {
 /// (the start can take a minute the first time, when `ctl` installs Debian
 /// packages), runs `tests/broker/ctl up` with its stderr going to ours, and
 /// returns `Ok(true)` once it succeeded; an error with its exit status if not.
-pub async fn ensure_running(out: &mut (dyn Write + Send)) -> anyhow::Result<bool> {
+pub async fn ensure_running(out: &mut dyn Write) -> anyhow::Result<bool> {
     ensure_running_with(port(), &ctl_path(), out).await
 }
 
 /// [`ensure_running`] for a given port and `ctl`, so tests need no
 /// environment variables.
-async fn ensure_running_with(
-    port: u16,
-    ctl: &Path,
-    out: &mut (dyn Write + Send),
-) -> anyhow::Result<bool> {
+async fn ensure_running_with(port: u16, ctl: &Path, out: &mut dyn Write) -> anyhow::Result<bool> {
     if answers(port).await {
         return Ok(false);
     }

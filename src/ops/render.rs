@@ -9,7 +9,7 @@ use crate::ops::status::{QueueStatus, Status};
 
 /// `status` as text: the prefix's queues, the delay backend, the holder
 /// and the cascade's waiting messages.
-pub fn status(s: &Status, out: &mut impl Write) -> io::Result<()> {
+pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     writeln!(out, "prefix         {}  ({})", s.prefix, s.broker)?;
     for q in [&s.work, &s.dead] {
         if q.exists {
@@ -35,7 +35,7 @@ fn unacked(q: &QueueStatus) -> String {
         .unwrap_or_else(|| "? (needs --management-url)".into())
 }
 
-fn delay_backend(s: &Status, out: &mut impl Write) -> io::Result<()> {
+fn delay_backend(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     // With the cascade the plugin only matters while it still holds
     // messages from before a migration, so its absence is no alarm.
     let avail = match (s.retry_exchange_type_available, s.delay_backend) {
@@ -56,7 +56,7 @@ fn delay_backend(s: &Status, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-fn cascade(s: &Status, out: &mut impl Write) -> io::Result<()> {
+fn cascade(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     if s.hold.exists {
         let h = &s.hold;
         writeln!(
@@ -84,7 +84,7 @@ fn cascade(s: &Status, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-pub fn table_header(out: &mut impl Write) -> io::Result<()> {
+pub fn table_header(out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     writeln!(
         out,
         "{:<36}  {:<40}  {:>3}  {:<16}  {:>6}  {:<32}  DEAD AT",
@@ -92,7 +92,7 @@ pub fn table_header(out: &mut impl Write) -> io::Result<()> {
     )
 }
 
-pub fn table_row(out: &mut impl Write, d: &DeadLetter) -> io::Result<()> {
+pub fn table_row(out: &mut (impl Write + ?Sized), d: &DeadLetter) -> io::Result<()> {
     let m = &d.meta;
     let dead_at = m
         .dead_at

@@ -1,0 +1,114 @@
+//! What a benchmark run measures and how big: the phases, the options
+//! and the sizes derived from them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::BrokerSettings;
+
+/// The phases, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// 1. Broker ceiling: bare publish-with-confirms and consume-and-ack.
+    Broker,
+    /// 2. Sink ceiling: the worker's HTTP client against the sink, no broker.
+    Sink,
+    /// 3. End to end: a preloaded backlog drained by `redeliver run`.
+    E2e,
+    /// 4. Retry path: every notification fails once, then succeeds.
+    Retry,
+    /// 5. Latency at half the end-to-end rate, and the worker's own overhead.
+    Latency,
+    /// 6. Delay accuracy: delayed notifications, lateness and early count.
+    Delay,
+    /// 7. Worker memory and CPU with small and large backlogs.
+    Memory,
+    /// 8. Horizontal scaling: 1, 2 and 4 worker processes, 20 ms receiver.
+    Horizontal,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 8] = [
+        Phase::Broker,
+        Phase::Sink,
+        Phase::E2e,
+        Phase::Retry,
+        Phase::Latency,
+        Phase::Delay,
+        Phase::Memory,
+        Phase::Horizontal,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Broker => "1 broker ceiling",
+            Phase::Sink => "2 sink ceiling",
+            Phase::E2e => "3 end to end",
+            Phase::Retry => "4 retry path",
+            Phase::Latency => "5 latency",
+            Phase::Delay => "6 delay accuracy",
+            Phase::Memory => "7 memory and CPU",
+            Phase::Horizontal => "8 horizontal",
+        }
+    }
+}
+
+/// What to run, and how big.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub broker: BrokerSettings,
+    /// Empty: every phase.
+    pub phases: Vec<Phase>,
+    /// Notifications for phases 1–4 (default 20,000; 1,000 with `quick`).
+    pub n: Option<usize>,
+    /// Worker concurrency for phases 1–6.
+    pub concurrency: usize,
+    /// Small sizes that only show every phase runs (CI).
+    pub quick: bool,
+    /// The `redeliver` executable that runs the workers.
+    pub worker_exe: PathBuf,
+}
+
+/// The sizes every phase uses, derived from the options.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sizes {
+    pub n: usize,
+    pub retry_n: usize,
+    pub concurrency: usize,
+    pub latency_run: Duration,
+    pub delay_n: usize,
+    pub delay_min: Duration,
+    pub delay_max: Duration,
+    /// Delays of 1 ms – 1 s, measured apart from the long ones.
+    pub short_delay_n: usize,
+    pub backlogs: [usize; 2],
+    pub memory_concurrency: [usize; 2],
+    pub memory_window: Duration,
+    pub horizontal_n: usize,
+    pub horizontal_concurrency: usize,
+    pub horizontal_latency: Duration,
+}
+
+impl Sizes {
+    pub fn new(o: &BenchOptions) -> Sizes {
+        let q = o.quick;
+        let n = o.n.unwrap_or(if q { 1_000 } else { 20_000 });
+        Sizes {
+            n,
+            retry_n: (n / 2).max(1),
+            concurrency: o.concurrency,
+            latency_run: Duration::from_secs(if q { 2 } else { 6 }),
+            delay_n: if q { 500 } else { 10_000 },
+            delay_min: Duration::from_secs(if q { 1 } else { 5 }),
+            delay_max: Duration::from_secs(if q { 3 } else { 30 }),
+            short_delay_n: if q { 200 } else { 2_000 },
+            backlogs: if q { [200, 2_000] } else { [1_000, 100_000] },
+            memory_concurrency: [32, 256],
+            memory_window: Duration::from_secs(if q { 1 } else { 5 }),
+            horizontal_n: if q { 400 } else { 4_000 },
+            horizontal_concurrency: 8,
+            horizontal_latency: Duration::from_millis(20),
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The one place that turns the command line into settings: the broker's,
+//! a worker's and the retry policy. `run`, `config check` and `config show`
+//! all go through it, so they agree on what a flag means.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+
+use crate::cli::args::{GlobalArgs, PolicyArgs, RunArgs};
+use crate::config::{AmqpUrl, BrokerSettings, DelayBackend, WorkerSettings, DEFAULT_AMQP_URL};
+use crate::policy::{self, Backoff, RetryPolicy, SuccessRules};
+
+/// The broker, prefix, queue type and delay backend every command uses.
+pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
+    BrokerSettings {
+        url: AmqpUrl::new(g.amqp_url.as_deref().unwrap_or(DEFAULT_AMQP_URL)),
+        prefix: g.prefix.clone(),
+        queue_type: g.queue_type,
+        delay: g.delay_backend,
+    }
+}
+
+/// `backend` picks the default `--retry-settle`: only the plugin confirms
+/// before its disk write.
+pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<WorkerSettings> {
+    let policy = retry_policy(&args.policy)?;
+    let concurrency = usize::from(args.concurrency);
+    let prefetch = args.prefetch.map(usize::from);
+    if let Some(p) = prefetch.filter(|&p| p < concurrency) {
+        bail!(
+            "--prefetch {p} is below --concurrency {concurrency}: some slots could never be used"
+        );
+    }
+    Ok(WorkerSettings {
+        concurrency,
+        prefetch,
+        hold_prefetch: args.hold_prefetch,
+        policy,
+        rules: SuccessRules {
+            permanent_status: args.permanent_status.clone(),
+            success_body: args.success_body.clone(),
+        },
+        max_message_bytes: args.max_message_bytes,
+        confirm_timeout: args.confirm_timeout,
+        shutdown_grace: args.shutdown_grace,
+        retry_settle: args.retry_settle.unwrap_or(match backend {
+            DelayBackend::Plugin => crate::config::DEFAULT_RETRY_SETTLE,
+            DelayBackend::Cascade => Duration::ZERO,
+        }),
+        ..WorkerSettings::default()
+    })
+}
+
+/// Builds and validates the policy; a delay beyond the exchange's limit is
+/// rejected here, at start, not at the first retry.
+pub fn retry_policy(p: &PolicyArgs) -> anyhow::Result<RetryPolicy> {
+    let backoff = match &p.schedule {
+        Some(s) => Backoff::Schedule(policy::parse_schedule(s).context("--schedule")?),
+        None => Backoff::Exponential {
+            initial: p.initial_delay,
+            factor: p.factor,
+            max: p.max_delay,
+            jitter: p.jitter,
+        },
+    };
+    let policy = RetryPolicy {
+        max_attempts: p.max_attempts,
+        backoff,
+    };
+    policy.validate().context("invalid retry policy")?;
+    Ok(policy)
+}
