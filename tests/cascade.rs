@@ -31,7 +31,7 @@ async fn publish_delayed(b: &BrokerSettings, delays: &[Duration]) -> Vec<Instant
 /// [`publish_delayed`] with notifications for `target`.
 async fn publish_delayed_to(b: &BrokerSettings, target: &str, delays: &[Duration]) -> Vec<Instant> {
     let conn = b.url.connect("cascade test").await.unwrap();
-    let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
+    let t = redeliver::delay::declare_topology(b, &conn).await.unwrap();
     let p = Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
         .await
         .unwrap();
@@ -123,7 +123,7 @@ async fn accuracy(backend: DelayBackend) {
     let delays: Vec<Duration> = ms.iter().map(|&m| Duration::from_millis(m)).collect();
     // The consumer runs before the first publish, so arrival is arrival.
     let conn = b.url.connect("declare").await.unwrap();
-    redeliver::delay::declare_topology(&b, &conn).await.unwrap();
+    redeliver::delay::declare_topology(b, &conn).await.unwrap();
     let _ = conn.close(200, "".into()).await;
     let (b2, n) = (b.clone(), delays.len());
     let collector =

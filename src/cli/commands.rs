@@ -146,7 +146,7 @@ async fn publish_from(
         .connect("redeliver publish")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
-    let topology = crate::delay::declare_topology(&broker, &conn).await?;
+    let topology = crate::delay::declare_topology(broker, &conn).await?;
     let publisher = Publisher::new(&conn, topology, broker.delay, Duration::from_secs(30)).await?;
     let mut confirmed = stream::iter(all[*done..].iter().map(|n| {
         let publisher = &publisher;

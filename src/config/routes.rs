@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::config::secret::SigningSecret;
+use crate::policy::Overrides;
 
 #[derive(Clone, Debug, Default)]
 pub struct Route {
@@ -18,6 +19,17 @@ pub struct Route {
     /// Replaces `--timeout` for one HTTP attempt.
     pub timeout: Option<Duration>,
     pub success_body: Option<String>,
+}
+
+impl Route {
+    /// The route's layer of the retry policy ([`crate::policy::EffectivePolicy`]).
+    pub fn overrides(&self) -> Overrides<'_> {
+        Overrides {
+            max_attempts: self.max_attempts,
+            schedule: self.schedule.as_deref(),
+            success_body: self.success_body.as_deref(),
+        }
+    }
 }
 
 /// The routes, longest prefix first, so the first match is the most

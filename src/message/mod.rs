@@ -63,6 +63,18 @@ struct Wire {
     success_body: Option<String>,
 }
 
+impl Notification {
+    /// The notification's own layer of the retry policy, which wins over
+    /// its route's and the worker's ([`crate::policy::EffectivePolicy`]).
+    pub fn overrides(&self) -> policy::Overrides<'_> {
+        policy::Overrides {
+            max_attempts: self.max_attempts,
+            schedule: self.schedule.as_deref(),
+            success_body: self.success_body.as_deref(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum InvalidMessage {
     #[error("message is {0} bytes; the limit is {1}")]

@@ -92,7 +92,7 @@ async fn run(
         .connect("redeliver demo")
         .await
         .with_context(|| format!("cannot connect to the broker at {}", b.url))?;
-    let topology = crate::delay::declare_topology(&b, &conn).await?;
+    let topology = crate::delay::declare_topology(b, &conn).await?;
     let publisher =
         Publisher::new(&conn, topology.clone(), b.delay, Duration::from_secs(30)).await?;
     let mut labels = HashMap::new();

@@ -1,5 +1,9 @@
 //! One delivery's path through the worker, in stages:
-//! decode → deliver → classify → decide → settle (republish, then ack).
+//! decode → attempt (HTTP) → judge (pure: [`crate::policy::decide`]) →
+//! report (log, metrics, events) → copy (republish the retry or dead
+//! letter, confirmed) → settle (ack, hold then ack, or requeue).
+//!
+//! The original is acked only after its copy was confirmed, never before.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,14 +18,13 @@ use tracing::{info, warn};
 
 use crate::amqp::requeue;
 use crate::clock::now_ms;
-use crate::config::routes::Route;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
 use crate::message::state::{self, AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
-use crate::policy::{classify, Classified};
-use crate::policy::{decide, Action, DeadReason};
-use crate::policy::{Backoff, RetryPolicy};
+use crate::policy::{
+    decide, Action, AttemptResult, Classified, DeadReason, Decision, EffectivePolicy,
+};
 use crate::publish::{republish_properties, PublishError, Publisher};
 use crate::telemetry::{self, GaugeGuard};
 
@@ -42,16 +45,6 @@ pub struct Context<H> {
 /// so a broken broker path is not hammered with HTTP attempts.
 const REQUEUE_BACKOFF: Duration = Duration::from_secs(1);
 
-/// What became of a delivery once its attempt is over.
-pub enum Settled {
-    /// Acked or nacked already.
-    Done,
-    /// Its retry copy was confirmed; ack it after `--retry-settle`
-    /// ([`hold_then_ack`]), without holding a concurrency slot. Only the
-    /// acker is kept, not the message.
-    Hold(Acker),
-}
-
 /// A delivery's place in the concurrency limit. It is freed as soon as the
 /// HTTP attempt is over: waiting for a republish confirm, or the retry
 /// settle, is not a request in flight. The prefetch room covers those.
@@ -66,15 +59,24 @@ impl Slot {
     }
 }
 
-/// Processes one delivery: it is acked only after any republish was
-/// confirmed, and nacked (requeued) when that republish failed. `pulled` is
-/// when the worker took it off the consumer, for the overhead trace.
+/// What became of a delivery before its own ack: the copy it needed, if
+/// any, was confirmed.
+enum Done {
+    /// Delivered (with the HTTP attempt's span, for the overhead trace) or
+    /// dead-lettered: ack it.
+    Ack(Option<HttpSpan>),
+    /// Its retry copy was confirmed: ack it, after `--retry-settle`.
+    Retried,
+}
+
+/// Processes one delivery, from decoding to its ack (or requeue). `pulled`
+/// is when the worker took it off the consumer, for the overhead trace.
 pub async fn process<H: DeliveryHandler>(
     ctx: Arc<Context<H>>,
     d: Delivery,
     pulled: Instant,
     mut slot: Slot,
-) -> Settled {
+) {
     if d.redelivered {
         // At-least-once at work: an earlier delivery was not settled.
         info!(
@@ -82,22 +84,40 @@ pub async fn process<H: DeliveryHandler>(
             "redelivered message (a possible duplicate)"
         );
     }
-    let settled = tokio::select! {
-        s = settle(&ctx, &d, &mut slot) => Some(s),
+    let done = tokio::select! {
+        r = handle(&ctx, &d, &mut slot) => Some(r),
         _ = ctx.hard_stop.cancelled() => None,
     };
-    let result = match settled {
-        Some(Ok(Outcome::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return Settled::Hold(d.acker)
+    drop(slot);
+    settle(&ctx, acker_of(d), done, pulled).await;
+}
+
+/// Only the acker outlives the delivery: a retried original held for
+/// `--retry-settle` keeps no body in memory.
+fn acker_of(d: Delivery) -> Acker {
+    d.acker
+}
+
+/// Acks once the copy is confirmed; holds a retried original for the
+/// settle first; requeues when the copy failed or shutdown cut it short.
+async fn settle<H>(
+    ctx: &Context<H>,
+    acker: Acker,
+    done: Option<Result<Done, PublishError>>,
+    pulled: Instant,
+) {
+    let result = match done {
+        Some(Ok(Done::Retried)) if !ctx.settings.retry_settle.is_zero() => {
+            return hold_then_ack(ctx, acker).await;
         }
-        Some(Ok(Outcome::Acked(span))) => {
-            let acked = d.acker.ack(BasicAckOptions::default()).await;
+        Some(Ok(Done::Ack(span))) => {
+            let acked = acker.ack(BasicAckOptions::default()).await;
             if let (Some(span), Ok(_)) = (span, &acked) {
                 trace_overhead(pulled, span);
             }
             acked
         }
-        Some(Ok(Outcome::Retried)) => d.acker.ack(BasicAckOptions::default()).await,
+        Some(Ok(Done::Retried)) => acker.ack(BasicAckOptions::default()).await,
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
             if matches!(
@@ -110,21 +130,20 @@ pub async fn process<H: DeliveryHandler>(
                 _ = tokio::time::sleep(REQUEUE_BACKOFF) => {}
                 _ = ctx.hard_stop.cancelled() => {}
             }
-            d.acker.nack(requeue()).await
+            acker.nack(requeue()).await
         }
-        None => d.acker.nack(requeue()).await,
+        None => acker.nack(requeue()).await,
     };
     if let Err(e) = result {
         warn!(error = %e, "ack/nack failed; the broker will redeliver");
     }
-    Settled::Done
 }
 
 /// Keeps a retried original unacked for `--retry-settle` after its copy was
 /// confirmed: the upstream delayed-message plugin confirms before its disk
 /// write, and a broker crash in that window would lose the copy. Until the
 /// ack, the broker would redeliver the original instead.
-pub async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
+async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
     let result = tokio::select! {
         _ = tokio::time::sleep(ctx.settings.retry_settle) => acker.ack(BasicAckOptions::default()).await,
         // Shutting down before the settle is over: requeue (a duplicate at worst).
@@ -135,18 +154,17 @@ pub async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
     }
 }
 
-/// How an attempt ended, when it ended well enough to ack.
-enum Outcome {
-    /// With the HTTP attempt's span when there was one.
-    Acked(Option<HttpSpan>),
-    Retried,
-}
-
 /// When the delivery handler was called and when it returned.
 #[derive(Clone, Copy)]
 struct HttpSpan {
     start: Instant,
     end: Instant,
+}
+
+impl HttpSpan {
+    fn millis(&self) -> u64 {
+        self.end.duration_since(self.start).as_millis() as u64
+    }
 }
 
 /// The worker's own time around a successful attempt, at debug level on
@@ -162,99 +180,141 @@ fn trace_overhead(pulled: Instant, span: HttpSpan) {
     );
 }
 
-/// Decodes, then attempts or dead-letters. `Ok` means: ack it.
-async fn settle<H: DeliveryHandler>(
+/// Decodes, then attempts; what cannot be decoded is dead-lettered as
+/// `invalid`. `Ok` means: ack it (after the settle, for a retry).
+async fn handle<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
     slot: &mut Slot,
-) -> Result<Outcome, PublishError> {
-    let headers = d.properties.headers().as_ref();
-    let decoded = RetryState::from_headers(headers).and_then(|st| {
-        let fallback = st
-            .id
-            .clone()
-            .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
-        message::decode(&d.data, ctx.settings.max_message_bytes, fallback.as_deref())
-            .map(|n| (n, st))
-    });
-    match decoded {
+) -> Result<Done, PublishError> {
+    match decode(&ctx.settings, d) {
         Ok((n, st)) => attempt(ctx, d, n, st, slot).await,
         Err(e) => {
             slot.free();
             dead_letter_invalid(ctx, d, &e)
                 .await
-                .map(|()| Outcome::Acked(None))
+                .map(|()| Done::Ack(None))
         }
     }
 }
 
-/// Deliver once, decide, and republish when needed. `Ok` means: ack it.
+/// The notification and its retry state. The id falls back to the
+/// retry state's, then the AMQP message id.
+fn decode(
+    settings: &WorkerSettings,
+    d: &Delivery,
+) -> Result<(Notification, RetryState), InvalidMessage> {
+    let st = RetryState::from_headers(d.properties.headers().as_ref())?;
+    let fallback = st
+        .id
+        .clone()
+        .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
+    let n = message::decode(&d.data, settings.max_message_bytes, fallback.as_deref())?;
+    Ok((n, st))
+}
+
+/// Delivers once (the slot is freed as soon as the handler returns), then
+/// judges, reports and makes the copy the decision needs.
 async fn attempt<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
     n: Notification,
     mut st: RetryState,
     slot: &mut Slot,
-) -> Result<Outcome, PublishError> {
+) -> Result<Done, PublishError> {
     st.id = Some(n.id.clone());
     let attempt = st.attempts.saturating_add(1);
-    let (at_ms, started) = (now_ms(), Instant::now());
+    let (at_ms, start) = (now_ms(), Instant::now());
     let result = ctx.handler.deliver(&n, attempt).await;
     slot.free();
     let span = HttpSpan {
-        start: started,
+        start,
         end: Instant::now(),
     };
-    let duration_ms = span.end.duration_since(started).as_millis() as u64;
-    let route = ctx.settings.routes.find(&n.url);
-    let success_body = n
-        .success_body
-        .as_deref()
-        .or(route.and_then(|r| r.success_body.as_deref()));
-    let c = classify(&result, &ctx.settings.rules, success_body);
-    let policy = effective_policy(&ctx.settings.policy, route, &n);
-    let action = decide(&c, attempt, &policy, &mut rand::rng());
-    let delay_ms = match action {
-        Action::Retry { delay } => Some(delay.as_millis() as u64),
-        _ => None,
-    };
+    let decision = judge(&ctx.settings, &n, attempt, &result);
+    report(&ctx.settings, &n, attempt, &decision, span);
     let record = AttemptRecord {
         attempt,
         at_ms,
-        duration_ms,
-        classified: &c,
-        delay_ms,
+        duration_ms: span.millis(),
+        classified: &decision.classified,
+        delay_ms: match decision.action {
+            Action::Retry { delay } => Some(delay.as_millis() as u64),
+            _ => None,
+        },
     };
-    log_attempt(&n, attempt, &c, &action, duration_ms);
-    telemetry::record_attempt(&action, attempt, span.end.duration_since(started));
-    if let Some(tx) = &ctx.settings.events {
+    copy(ctx, d, st, &decision, record, span).await
+}
+
+/// The retry decision for this notification under its effective policy:
+/// its own fields, then its URL's `[[route]]`, then the worker's flags.
+fn judge(
+    settings: &WorkerSettings,
+    n: &Notification,
+    attempt: u32,
+    result: &AttemptResult,
+) -> Decision {
+    let route = settings.routes.find(&n.url);
+    let policy = EffectivePolicy::new(
+        &settings.policy,
+        &settings.rules,
+        route.map(|r| r.overrides()).unwrap_or_default(),
+        n.overrides(),
+    );
+    decide(result, attempt, &policy, &mut rand::rng())
+}
+
+/// The attempt's log line, metrics and (when asked for) event.
+fn report(
+    settings: &WorkerSettings,
+    n: &Notification,
+    attempt: u32,
+    decision: &Decision,
+    span: HttpSpan,
+) {
+    let (c, action) = (&decision.classified, decision.action);
+    log_attempt(n, attempt, c, &action, span.millis());
+    telemetry::record_attempt(&action, attempt, span.end.duration_since(span.start));
+    if let Some(tx) = &settings.events {
         let _ = tx.send(AttemptEvent {
             id: n.id.clone(),
             attempt,
             host: n.url.host_str().unwrap_or("").to_string(),
             status: c.status,
             error: c.error.clone(),
-            duration: Duration::from_millis(duration_ms),
+            duration: Duration::from_millis(span.millis()),
             action,
         });
     }
-    // The history travels only with a republished copy; a success needs none.
+}
+
+/// Publishes what the decision needs (a retry copy or a dead letter) and
+/// waits for its confirm. The history travels only with a copy; a success
+/// needs none.
+async fn copy<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut st: RetryState,
+    decision: &Decision,
+    record: AttemptRecord<'_>,
+    span: HttpSpan,
+) -> Result<Done, PublishError> {
     let mut headers = || {
         st.record(&record);
-        st.to_headers(d.properties.headers().as_ref(), Some(&c))
+        st.to_headers(d.properties.headers().as_ref(), Some(&decision.classified))
     };
-    match action {
-        Action::Ack => Ok(Outcome::Acked(Some(span))),
+    match decision.action {
+        Action::Ack => Ok(Done::Ack(Some(span))),
         Action::Retry { delay } => {
             let copy = ctx
                 .publisher
                 .retry(&d.data, d.properties.clone(), headers(), delay);
             let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
-            copy.await.map(|()| Outcome::Retried)
+            copy.await.map(|()| Done::Retried)
         }
         Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
             .await
-            .map(|()| Outcome::Acked(None)),
+            .map(|()| Done::Ack(None)),
     }
 }
 
@@ -281,22 +341,6 @@ async fn dead_letter<H>(
     let props = republish_properties(&d.properties, headers);
     let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
     ctx.publisher.dead_letter(&d.data, props).await
-}
-
-/// Per-notification fields win over the URL's route, which wins over the
-/// worker's policy.
-fn effective_policy(base: &RetryPolicy, route: Option<&Route>, n: &Notification) -> RetryPolicy {
-    let route_schedule = route.and_then(|r| r.schedule.as_ref());
-    RetryPolicy {
-        max_attempts: n
-            .max_attempts
-            .or(route.and_then(|r| r.max_attempts))
-            .unwrap_or(base.max_attempts),
-        backoff: match n.schedule.as_ref().or(route_schedule) {
-            Some(s) => Backoff::Schedule(s.clone()),
-            None => base.backoff.clone(),
-        },
-    }
 }
 
 fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, duration_ms: u64) {

@@ -1,0 +1,47 @@
+//! Why a worker stopped, or why its session ended and it reconnects.
+
+use crate::topology::TopologyError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot connect to the broker at {url}")]
+    Connect { url: String, source: lapin::Error },
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker cancelled the consumer (was the work queue deleted?)")]
+    ConsumerCancelled,
+    #[error("the publishing channel closed")]
+    PublisherClosed,
+    #[error(
+        "republishing failed (unroutable or unconfirmed); reconnecting to re-declare the topology"
+    )]
+    RepublishFailing,
+    #[error("the broker connection was lost")]
+    ConnectionLost,
+    #[error("holding short delays failed: {0}")]
+    Hold(#[from] crate::delay::hold::HoldError),
+    #[error("the short-delay holder stopped; reconnecting")]
+    HolderStopped,
+    #[error("concurrency must be at least 1")]
+    Concurrency,
+    #[error("invalid broker URL {url}: {reason}")]
+    BadUrl { url: String, reason: String },
+}
+
+impl WorkerError {
+    /// Errors an operator must fix; everything else is retried.
+    pub(super) fn is_fatal(&self) -> bool {
+        match self {
+            WorkerError::Connect { source, .. } => {
+                crate::config::is_permanent_connect_error(&source.to_string())
+            }
+            WorkerError::Concurrency
+            | WorkerError::BadUrl { .. }
+            | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
+            | WorkerError::Topology(TopologyError::Mismatch { .. }) => true,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! One connection's life: a [`Session`] opens its channels and helpers,
+//! pumps deliveries into tasks under the concurrency bound, and drains
+//! them when it ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use super::error::WorkerError;
+use super::process::{process, Context, Slot};
+use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
+use crate::delay::hold::Holder;
+use crate::deliver::DeliveryHandler;
+use crate::publish::Publisher;
+use crate::telemetry;
+use crate::topology::Topology;
+
+/// Deliveries past their HTTP attempt (waiting for a republish confirm, or
+/// held by `--retry-settle`) are unacked but hold no concurrency slot, so
+/// the prefetch has room for them: `--prefetch`, or by default
+/// concurrency + max(1024, 4 × concurrency), at most 65535.
+pub fn prefetch(settings: &WorkerSettings) -> usize {
+    let room = (4 * settings.concurrency).max(DEFAULT_PREFETCH_ROOM);
+    settings
+        .prefetch
+        .unwrap_or(settings.concurrency + room)
+        .min(usize::from(u16::MAX))
+}
+
+/// Channels a worker republishes on (see [`Publisher`]).
+const PUBLISH_CHANNELS: usize = 8;
+
+/// See [`prefetch`].
+pub const DEFAULT_PREFETCH_ROOM: usize = 1024;
+
+/// One connection's consumer and the tasks of its deliveries.
+pub(super) struct Session<H> {
+    ctx: Arc<Context<H>>,
+    channel: Channel,
+    consumer: Consumer,
+    /// The deliveries' (and held short delays') tasks.
+    tracker: TaskTracker,
+    /// Stops this session's helpers: the holder's consumer, the
+    /// dead-letter gauge and the connection watch.
+    helpers: CancellationToken,
+    /// Cancelled by the connection watch when the connection drops.
+    lost: CancellationToken,
+    /// Cancelled when the short-delay holder fails.
+    hold_failed: CancellationToken,
+}
+
+impl<H: DeliveryHandler> Session<H> {
+    /// Declares the topology, opens the publisher and the consumer (prefetch
+    /// set first, so it applies to it) and starts the helpers.
+    pub(super) async fn open(
+        conn: &Connection,
+        broker: &BrokerSettings,
+        settings: &WorkerSettings,
+        handler: &Arc<H>,
+    ) -> Result<Self, WorkerError> {
+        let topology = crate::delay::declare_topology(broker, conn).await?;
+        let publisher = Publisher::with_channels(
+            conn,
+            PUBLISH_CHANNELS,
+            topology.clone(),
+            broker.delay,
+            settings.confirm_timeout,
+        )
+        .await?;
+        let (channel, consumer) = consume(conn, &topology, settings).await?;
+        let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
+        let hard_stop = CancellationToken::new();
+        let hold_failed = match broker.delay {
+            // With the cascade, every worker also holds its prefix's short
+            // delays; held messages are tasks on `tracker`, drained like
+            // deliveries.
+            DelayBackend::Cascade => {
+                Holder::start(conn, &topology, publisher.clone(), settings.hold_prefetch)
+                    .await?
+                    .spawn(&tracker, &helpers, &hard_stop)
+            }
+            DelayBackend::Plugin => CancellationToken::new(),
+        };
+        info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
+        let lost = start_watches(conn, &topology, settings, &helpers).await?;
+        let ctx = Arc::new(Context {
+            handler: handler.clone(),
+            publisher,
+            settings: settings.clone(),
+            hard_stop,
+            broken: CancellationToken::new(),
+        });
+        Ok(Session {
+            ctx,
+            channel,
+            consumer,
+            tracker,
+            helpers,
+            lost,
+            hold_failed,
+        })
+    }
+
+    /// Pulls deliveries into tasks until `shutdown` (`Ok`) or until the
+    /// session breaks (`Err`). A concurrency permit is taken *before* the
+    /// next delivery is pulled, so a delivery never waits for a slot.
+    pub(super) async fn pump(
+        &mut self,
+        semaphore: &Arc<Semaphore>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), WorkerError> {
+        loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
+                _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
+                p = semaphore.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return Ok(()),
+                },
+            };
+            if !self.ctx.publisher.is_connected() {
+                return Err(WorkerError::PublisherClosed);
+            }
+            let delivery = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
+                _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
+                d = self.consumer.next() => d,
+            };
+            match delivery {
+                Some(Ok(d)) => {
+                    let (ctx, pulled) = (self.ctx.clone(), Instant::now());
+                    self.tracker
+                        .spawn(async move { process(ctx, d, pulled, Slot::new(permit)).await });
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err(WorkerError::ConsumerCancelled),
+            }
+        }
+    }
+
+    /// Stops taking deliveries and gives in-flight ones `grace` to finish;
+    /// then tells the rest to stop, which nacks them back to the queue.
+    pub(super) async fn drain(self, grace: Duration) {
+        // Draining or reconnecting: not ready for traffic.
+        self.ctx.settings.health.set_consuming(false);
+        self.helpers.cancel();
+        let tag = self.consumer.tag();
+        let _ = self
+            .channel
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+            .await;
+        let tracker = &self.tracker;
+        tracker.close();
+        if grace.is_zero() && !tracker.is_empty() {
+            // The session broke: their acks could no longer reach the
+            // broker, which requeues them itself.
+            warn!(
+                in_flight = tracker.len(),
+                "session lost; in-flight deliveries return to the queue"
+            );
+        } else if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            warn!(
+                in_flight = tracker.len(),
+                "shutdown grace over; requeueing unfinished deliveries"
+            );
+        }
+        self.ctx.hard_stop.cancel();
+        // Nacks are quick; a dead connection makes them fail at once.
+        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+    }
+}
+
+/// The work queue's consumer, on a channel whose prefetch is set first:
+/// concurrency + room for deliveries past their HTTP attempt (see
+/// [`prefetch`]), so the broker never hands this process more than that.
+async fn consume(
+    conn: &Connection,
+    topology: &Topology,
+    settings: &WorkerSettings,
+) -> Result<(Channel, Consumer), lapin::Error> {
+    let channel = conn.create_channel().await?;
+    let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
+    // basic.qos before basic.consume: a per-consumer prefetch applies to
+    // consumers started after it.
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let consumer = channel
+        .basic_consume(
+            topology.work.as_str().into(),
+            // An empty tag: the broker names the consumer.
+            "".into(),
+            // Manual acks (no_ack: false), not exclusive: workers compete.
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, consumer))
+}
+
+/// Starts the dead-letter gauge and the connection watch (until
+/// `helpers` is cancelled) and marks the worker ready. Returns the token
+/// the watch cancels when the connection is lost.
+async fn start_watches(
+    conn: &Connection,
+    topology: &Topology,
+    settings: &WorkerSettings,
+    helpers: &CancellationToken,
+) -> Result<CancellationToken, lapin::Error> {
+    let dead_channel = conn.create_channel().await?;
+    tokio::spawn(watch_dead_letters(
+        dead_channel,
+        topology.clone(),
+        helpers.clone(),
+    ));
+    // Ready only now that every channel is open; not ready the moment the
+    // connection drops, even while every slot is busy and the pump is not
+    // reading the consumer.
+    settings.health.set_consuming(true);
+    let lost = CancellationToken::new();
+    tokio::spawn(watch_connection(
+        conn.status().clone(),
+        settings.health.clone(),
+        lost.clone(),
+        helpers.clone(),
+    ));
+    Ok(lost)
+}
+
+/// How often the dead-letter count is read for the metrics.
+const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
+
+/// Sets the dead-letter gauge from a passive declare of the dead queue, now
+/// and every [`DEAD_LETTER_CHECK`], until `stop`. A failed read keeps the
+/// last value: the gauge is "at the last check".
+async fn watch_dead_letters(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
+    loop {
+        match topology.dead_count(&channel).await {
+            Ok(n) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(n)),
+            // A failed passive declare closes the channel; stop until the
+            // next session.
+            Err(_) => return,
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(DEAD_LETTER_CHECK) => {}
+        }
+    }
+    let _ = channel.close(200, "done".into()).await;
+}
+
+/// Marks the worker not ready, and the session lost, as soon as the
+/// connection is no longer up (checked every 250 ms), until `stop`.
+async fn watch_connection(
+    status: lapin::ConnectionStatus,
+    health: crate::telemetry::Health,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        if !status.connected() {
+            health.set_consuming(false);
+            lost.cancel();
+            return;
+        }
+    }
+}
