@@ -123,7 +123,7 @@ async fn accuracy(backend: DelayBackend) {
     let delays: Vec<Duration> = ms.iter().map(|&m| Duration::from_millis(m)).collect();
     // The consumer runs before the first publish, so arrival is arrival.
     let conn = b.url.connect("declare").await.unwrap();
-    redeliver::delay::declare_topology(b, &conn).await.unwrap();
+    redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let _ = conn.close(200, "".into()).await;
     let (b2, n) = (b.clone(), delays.len());
     let collector =
