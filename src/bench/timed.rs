@@ -8,6 +8,7 @@ use rand::seq::SliceRandom;
 use super::load;
 use super::options::Phase;
 use super::phases::Bench;
+use super::procs::WorkerProc;
 use super::report::percentiles;
 use super::sink::{now_us, Mode};
 
@@ -68,23 +69,8 @@ impl Bench {
     }
 
     async fn latency_at(&mut self, rate: f64, label: &str, target: bool) -> anyhow::Result<()> {
-        let c = self.sizes.concurrency;
         let prefix = self.prefix("latency");
-        self.sink.reset(Mode::default());
-        // Warm up: the worker is consuming once this one arrived.
-        let warm = self.items(1, "/ok", |_| None, |_, _| "{}".into());
-        let args = Self::concurrency_args(c);
-        let started = load::preload(&self.conn, &self.opts.broker, &prefix, warm)
-            .await
-            .and_then(|_| self.spawner.spawn(&prefix, &args, true));
-        let worker = match started {
-            Ok(w) => w,
-            Err(e) => {
-                load::remove(&self.conn, &prefix).await;
-                return Err(e);
-            }
-        };
-        let warmed = self.sink.wait_for(1, Duration::from_secs(30)).await;
+        let (worker, warmed) = self.warm_worker(&prefix).await?;
         self.sink.reset(Mode {
             measure: true,
             ..Mode::default()
@@ -112,9 +98,36 @@ impl Bench {
         load::remove(&self.conn, &prefix).await;
         let published = published?;
         anyhow::ensure!(arrived, "only {} of {published} arrived", self.sink.ok());
-        let timings = timings?;
-        let p = Phase::Latency;
         let offered = published as f64 / run.as_secs_f64();
+        let timings = timings?;
+        self.push_latency(label, target, offered, &timings);
+        Ok(())
+    }
+
+    /// A worker on `prefix` that has delivered one warm-up notification, so
+    /// its start-up is not measured; and whether it did within 30 s.
+    async fn warm_worker(&mut self, prefix: &str) -> anyhow::Result<(WorkerProc, bool)> {
+        self.sink.reset(Mode::default());
+        let warm = self.items(1, "/ok", |_| None, |_, _| "{}".into());
+        let args = Self::concurrency_args(self.sizes.concurrency);
+        let started = load::preload(&self.conn, &self.opts.broker, prefix, warm)
+            .await
+            .and_then(|_| self.spawner.spawn(prefix, &args, true));
+        let worker = match started {
+            Ok(w) => w,
+            Err(e) => {
+                load::remove(&self.conn, prefix).await;
+                return Err(e);
+            }
+        };
+        let warmed = self.sink.wait_for(1, Duration::from_secs(30)).await;
+        Ok((worker, warmed))
+    }
+
+    /// The latency figures: publish → delivery, and the worker's own time
+    /// before and after the HTTP attempt (from its timing trace).
+    fn push_latency(&mut self, label: &str, target: bool, offered: f64, timings: &[(u64, u64)]) {
+        let p = Phase::Latency;
         self.push(p, format!("{label}offered rate"), Some(offered), "msg/s");
         let mut e2e = ms(&self.sink.seen().samples_us);
         self.push_spread(p, &format!("{label}publish → delivery"), &mut e2e, "ms");
@@ -131,7 +144,6 @@ impl Bench {
         let both = format!("{label}worker added (both)");
         let target: Option<Target> = target.then_some(("≤ 2", |v| v <= 2.0));
         self.push_spread_target(p, &both, &mut us(|t| t.0 + t.1), "ms", target);
-        Ok(())
     }
 
     /// Long delays (the issue's 5–30 s), then short ones (1 ms – 1 s), each
@@ -159,49 +171,14 @@ impl Bench {
         (lo, hi): (Duration, Duration),
         rate: Option<f64>,
     ) -> anyhow::Result<()> {
-        let c = self.sizes.concurrency;
         let prefix = self.prefix("delay");
         self.sink.reset(Mode {
             measure: true,
             ..Mode::default()
         });
-        let mut delays: Vec<Duration> = (0..n)
-            .map(|i| lo + (hi - lo).mul_f64(i as f64 / n.max(2).saturating_sub(1) as f64))
-            // Whole milliseconds: `x-delay` is in ms, so a fractional delay
-            // would be truncated on the wire and its due time would seem to
-            // be up to 1 ms "early".
-            .map(|d| Duration::from_millis(d.as_millis() as u64))
-            .collect();
-        delays.shuffle(&mut rand::rng());
-        let args = Self::concurrency_args(c);
+        let args = Self::concurrency_args(self.sizes.concurrency);
         let worker = self.spawner.spawn(&prefix, &args, false)?;
-        let items = self.items(
-            n,
-            "/ok",
-            move |i| Some(delays[i]),
-            |_, d| {
-                format!(
-                    r#"{{"due":{}}}"#,
-                    now_us() + d.unwrap_or_default().as_micros() as u64
-                )
-            },
-        );
-        let broker = &self.opts.broker;
-        // The last queue a worker starts consuming: the hold queue with
-        // the cascade, the work queue with the plugin.
-        let t = crate::topology::Topology::new(&prefix);
-        let last = match broker.delay {
-            crate::delay::DelayBackend::Cascade => crate::delay::cascade::hold(&t),
-            crate::delay::DelayBackend::Plugin => t.work,
-        };
-        let ready = load::wait_for_consumer(&self.conn, &last).await;
-        let published = match ready {
-            Err(e) => Err(e),
-            Ok(()) => {
-                load::preload_windowed(&self.conn, broker, &prefix, items, (DELAY_WINDOW, rate))
-                    .await
-            }
-        };
+        let published = self.publish_delays(&prefix, n, (lo, hi), rate).await;
         let arrived = match &published {
             Ok(_) => {
                 self.sink
@@ -219,24 +196,65 @@ impl Bench {
             self.sink.ok()
         );
         stopped?;
+        let range = match rate {
+            Some(r) => format!("{lo:?}–{hi:?} at {r}/s"),
+            None => format!("{lo:?}–{hi:?}"),
+        };
+        self.push_delay_figures(n, &range, &published);
+        Ok(())
+    }
+
+    /// Publishes `n` delays spread evenly over `lo..=hi`, in random order,
+    /// once the worker consumes, each carrying its due time.
+    async fn publish_delays(
+        &mut self,
+        prefix: &str,
+        n: usize,
+        (lo, hi): (Duration, Duration),
+        rate: Option<f64>,
+    ) -> anyhow::Result<load::Published> {
+        let mut delays: Vec<Duration> = (0..n)
+            .map(|i| lo + (hi - lo).mul_f64(i as f64 / n.max(2).saturating_sub(1) as f64))
+            // Whole milliseconds: `x-delay` is in ms, so a fractional delay
+            // would be truncated on the wire and its due time would seem to
+            // be up to 1 ms "early".
+            .map(|d| Duration::from_millis(d.as_millis() as u64))
+            .collect();
+        delays.shuffle(&mut rand::rng());
+        let items = self.items(
+            n,
+            "/ok",
+            move |i| Some(delays[i]),
+            |_, d| {
+                format!(
+                    r#"{{"due":{}}}"#,
+                    now_us() + d.unwrap_or_default().as_micros() as u64
+                )
+            },
+        );
+        let broker = &self.opts.broker;
+        // The last queue a worker starts consuming: the hold queue with
+        // the cascade, the work queue with the plugin.
+        let t = crate::topology::Topology::new(prefix);
+        let last = match broker.delay {
+            crate::delay::DelayBackend::Cascade => crate::delay::cascade::hold(&t),
+            crate::delay::DelayBackend::Plugin => t.work,
+        };
+        load::wait_for_consumer(&self.conn, &last).await?;
+        load::preload_windowed(&self.conn, broker, prefix, items, (DELAY_WINDOW, rate)).await
+    }
+
+    /// Lateness, early count and publish figures of one delay run.
+    fn push_delay_figures(&mut self, n: usize, range: &str, published: &load::Published) {
         let seen = self.sink.seen();
         // Lateness is measured from the publish instant; the broker starts
         // its clock at receipt, at most `max_confirm` later, so that span is
         // the measurement's uncertainty.
         let early = seen.samples_us.iter().filter(|&&l| l < 0).count();
-        let lag_us = published.max_confirm.as_micros() as i64;
-        let range = match rate {
-            Some(r) => format!("{lo:?}–{hi:?} at {r}/s"),
-            None => format!("{lo:?}–{hi:?}"),
-        };
+        let lag_ms = published.max_confirm.as_micros() as f64 / 1000.0;
         let p = Phase::Delay;
-        self.push(
-            p,
-            format!("{n} delays of {range}, published in"),
-            Some(published.took.as_secs_f64()),
-            "s",
-        );
-        let lag_ms = lag_us as f64 / 1000.0;
+        let took = Some(published.took.as_secs_f64());
+        self.push(p, format!("{n} delays of {range}, published in"), took, "s");
         let longest = format!("{range}: longest publish → confirm");
         self.push(p, longest, Some(lag_ms), "ms");
         let mut late = ms(&seen.samples_us);
@@ -255,7 +273,6 @@ impl Bench {
             "= 0",
             |v| v == 0.0,
         );
-        Ok(())
     }
 
     pub(super) async fn memory(&mut self) -> anyhow::Result<()> {

@@ -68,14 +68,14 @@ impl ConfigFile {
             path: path.to_owned(),
             source,
         })?;
-        let at = |line, message| ConfigError::At {
+        let at = |(line, message)| ConfigError::At {
             path: path.to_owned(),
             line,
             message,
         };
         let doc = Document::parse(text.clone()).map_err(|e| {
             let line = e.span().map_or(1, |s| line_of(&text, s.start));
-            at(line, e.message().to_string())
+            at((line, e.message().to_string()))
         })?;
         let mut file = ConfigFile {
             path: path.to_owned(),
@@ -83,40 +83,7 @@ impl ConfigFile {
         };
         let mut routes = vec![];
         for (key, item) in doc.iter() {
-            let line = item.span().map_or(1, |s| line_of(&text, s.start));
-            match (key, item) {
-                ("run", Item::Table(t)) => {
-                    for (k, v) in t.iter() {
-                        let line = v.span().map_or(line, |s| line_of(&text, s.start));
-                        file.run.push(setting(k, v, line).map_err(|m| at(line, m))?);
-                    }
-                }
-                ("route", Item::ArrayOfTables(a)) => {
-                    for t in a.iter() {
-                        let line = t.span().map_or(line, |s| line_of(&text, s.start));
-                        routes.push(
-                            crate::cli::route::route(t, &text)
-                                .map_err(|(l, m)| at(l.unwrap_or(line), m))?,
-                        );
-                    }
-                }
-                ("run" | "route", _) => {
-                    return Err(at(
-                        line,
-                        format!(
-                            "`{key}` must be a [{key}] table{}",
-                            if key == "route" {
-                                " array ([[route]])"
-                            } else {
-                                ""
-                            }
-                        ),
-                    ))
-                }
-                _ => file
-                    .global
-                    .push(setting(key, item, line).map_err(|m| at(line, m))?),
-            }
+            file.read_item(key, item, &text, &mut routes).map_err(at)?;
         }
         let mut seen = std::collections::HashSet::new();
         if let Some(dup) = routes.iter().find(|r| !seen.insert(r.url_prefix.clone())) {
@@ -124,11 +91,50 @@ impl ConfigFile {
                 "two [[route]] tables have the url-prefix {}",
                 dup.url_prefix
             );
-            return Err(at(1, m));
+            return Err(at((1, m)));
         }
         file.routes = Routes::new(routes);
-        file.check().map_err(|(line, m)| at(line, m))?;
+        file.check().map_err(at)?;
         Ok(file)
+    }
+
+    /// One top-level key: a global setting, the `[run]` table or a
+    /// `[[route]]` table. An error is its line and message.
+    fn read_item(
+        &mut self,
+        key: &str,
+        item: &Item,
+        text: &str,
+        routes: &mut Vec<crate::config::routes::Route>,
+    ) -> Result<(), (usize, String)> {
+        let line_at = |span: Option<std::ops::Range<usize>>, or: usize| {
+            span.map_or(or, |s| line_of(text, s.start))
+        };
+        let line = line_at(item.span(), 1);
+        match (key, item) {
+            ("run", Item::Table(t)) => {
+                for (k, v) in t.iter() {
+                    let line = line_at(v.span(), line);
+                    self.run.push(setting(k, v, line).map_err(|m| (line, m))?);
+                }
+            }
+            ("route", Item::ArrayOfTables(a)) => {
+                for t in a.iter() {
+                    let line = line_at(t.span(), line);
+                    let r = crate::cli::route::route(t, text);
+                    routes.push(r.map_err(|(l, m)| (l.unwrap_or(line), m))?);
+                }
+            }
+            ("run", _) => return Err((line, "`run` must be a [run] table".into())),
+            ("route", _) => {
+                let m = "`route` must be a [route] table array ([[route]])";
+                return Err((line, m.into()));
+            }
+            _ => self
+                .global
+                .push(setting(key, item, line).map_err(|m| (line, m))?),
+        }
+        Ok(())
     }
 
     /// Every key must be a flag of its section, and its value must pass

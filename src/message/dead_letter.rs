@@ -44,7 +44,58 @@ pub struct DeadMeta {
     pub raw_body: Option<String>,
 }
 
+impl DeadMeta {
+    /// Why and when it died and its history, from redeliver's headers; every
+    /// other header is kept as JSON.
+    fn from_headers(headers: Option<&FieldTable>, raw_body: Option<String>) -> Self {
+        let text = |k| state::get(headers, k).and_then(state::string);
+        let int = |k| state::get(headers, k).and_then(state::int);
+        let history = match state::get(headers, H_HISTORY) {
+            Some(AMQPValue::FieldArray(a)) => a.as_slice().iter().map(to_json).collect(),
+            _ => vec![],
+        };
+        DeadMeta {
+            reason: text(H_DEAD_REASON),
+            attempts: int(H_ATTEMPT)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            last_status: int(H_LAST_STATUS),
+            last_error: text(H_LAST_ERROR),
+            first_attempt_at: int(H_FIRST_AT),
+            dead_at: int(H_DEAD_AT),
+            history,
+            headers: other_headers(headers),
+            raw_body,
+        }
+    }
+}
+
+/// The headers that are not redeliver's own, as JSON.
+fn other_headers(headers: Option<&FieldTable>) -> serde_json::Map<String, serde_json::Value> {
+    let ours = [
+        H_ATTEMPT,
+        H_DEAD_AT,
+        H_DEAD_REASON,
+        H_FIRST_AT,
+        H_HISTORY,
+        H_ID,
+        H_LAST_ERROR,
+        H_LAST_STATUS,
+    ];
+    headers
+        .map(|h| {
+            h.inner()
+                .iter()
+                .filter(|(k, _)| !ours.contains(&k.as_str()))
+                .map(|(k, v)| (k.to_string(), to_json(v)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl DeadLetter {
+    /// Decodes whatever is in the dead-letter queue: an undecodable body
+    /// (an `invalid` dead letter) still lists, with its raw text.
     pub fn from_message(
         data: &[u8],
         headers: Option<&FieldTable>,
@@ -62,46 +113,10 @@ impl DeadLetter {
             .or_else(|| state::get(headers, H_ID).and_then(state::string))
             .or_else(|| message_id.map(str::to_string))
             .unwrap_or_else(|| crate::message::derived_id(data));
-        let text = |k| state::get(headers, k).and_then(state::string);
-        let int = |k| state::get(headers, k).and_then(state::int);
-        let history = match state::get(headers, H_HISTORY) {
-            Some(AMQPValue::FieldArray(a)) => a.as_slice().iter().map(to_json).collect(),
-            _ => vec![],
-        };
-        let ours = [
-            H_ATTEMPT,
-            H_DEAD_AT,
-            H_DEAD_REASON,
-            H_FIRST_AT,
-            H_HISTORY,
-            H_ID,
-            H_LAST_ERROR,
-            H_LAST_STATUS,
-        ];
-        let others = headers
-            .map(|h| {
-                h.inner()
-                    .iter()
-                    .filter(|(k, _)| !ours.contains(&k.as_str()))
-                    .map(|(k, v)| (k.to_string(), to_json(v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let meta = DeadMeta {
-            reason: text(H_DEAD_REASON),
-            attempts: int(H_ATTEMPT)
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0),
-            last_status: int(H_LAST_STATUS),
-            last_error: text(H_LAST_ERROR),
-            first_attempt_at: int(H_FIRST_AT),
-            dead_at: int(H_DEAD_AT),
-            history,
-            headers: others,
-            raw_body: notification
-                .is_none()
-                .then(|| String::from_utf8_lossy(data).into_owned()),
-        };
+        let raw_body = notification
+            .is_none()
+            .then(|| String::from_utf8_lossy(data).into_owned());
+        let meta = DeadMeta::from_headers(headers, raw_body);
         DeadLetter {
             id,
             url: field("url"),
