@@ -135,12 +135,14 @@ async fn filters_select_correctly(backend: DelayBackend) {
         ["d"]
     );
     assert_eq!(ids(&["--limit", "3"]), ["a", "b", "c"]);
-    let out = stdout(&cli(
-        &url,
-        &p,
-        &["dlq", "purge", "--reason", "max-attempts"],
-    ));
+    // Without --yes: counts, changes nothing, and fails (exit 1), so
+    // `dlq purge && ...` in a script does not go on as if it purged.
+    let refused = cli(&url, &p, &["dlq", "purge", "--reason", "max-attempts"]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let out = String::from_utf8_lossy(&refused.stdout);
     assert!(out.contains("2 dead letter(s) would be purged"), "{out}");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--yes"), "{err}");
     assert_eq!(
         queue_len(&url, &format!("{p}.dead")).await,
         4,

@@ -146,7 +146,8 @@ pub async fn dlq_replay(
     Ok(s)
 }
 
-/// `dlq purge`: without `--yes`, only counts.
+/// `dlq purge`: without `--yes`, counts what would go and fails, so a
+/// script's `redeliver dlq purge && ...` never goes on as if it purged.
 pub async fn dlq_purge(
     g: &GlobalArgs,
     a: &DlqPurgeArgs,
@@ -156,11 +157,11 @@ pub async fn dlq_purge(
     let op = if a.yes { Op::Purge } else { Op::Keep };
     let s = walk(&conn, &t, &filter(&a.ids, &a.filter), None, op, |_| {}).await?;
     let _ = conn.close(200, "".into()).await;
-    if a.yes {
-        writeln!(out, "purged {}", s.done)?;
-    } else {
-        writeln!(out, "{} dead letter(s) would be purged; nothing changed. Run again with --yes to delete them.", s.selected)?;
+    if !a.yes {
+        writeln!(out, "{} dead letter(s) would be purged; nothing changed.", s.selected)?;
+        bail!("dlq purge deletes for good: run it again with --yes to delete them");
     }
+    writeln!(out, "purged {}", s.done)?;
     Ok(s)
 }
 
