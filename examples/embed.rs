@@ -28,10 +28,12 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use redeliver::config::{AmqpUrl, BrokerSettings, WorkerSettings, DEFAULT_AMQP_URL};
-use redeliver::delay::DelayBackend;
-use redeliver::topology::QueueType;
-use redeliver::{AttemptResult, DeliveryHandler, Notification};
+use redeliver::config::DEFAULT_AMQP_URL;
+use redeliver::topology::Topology;
+use redeliver::{
+    walk_dead_letters, AmqpUrl, AttemptResult, BrokerSettings, DeadLetterOp, DelayBackend,
+    DeliveryHandler, Filter, Notification, QueueType, WorkerSettings,
+};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
@@ -204,5 +206,22 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("the worker stopped")?;
     eprintln!("stopped");
+    report_dead_letters(&broker).await
+}
+
+/// What `redeliver dlq list` shows, through the library: the dead letters
+/// are read without being removed (`DeadLetterOp::Keep`); `Replay` and
+/// `Purge` are the other operations.
+async fn report_dead_letters(broker: &BrokerSettings) -> anyhow::Result<()> {
+    let conn = broker.url.connect("embed example").await?;
+    let topology = Topology::new(&broker.prefix);
+    let op = DeadLetterOp::Keep;
+    let summary = walk_dead_letters(&conn, &topology, &Filter::default(), None, op, |d| {
+        let reason = d.meta.reason.as_deref().unwrap_or("-");
+        eprintln!("dead: {} ({reason}, {} attempts)", d.id, d.meta.attempts);
+    })
+    .await?;
+    eprintln!("{} dead letter(s) in {}", summary.selected, topology.dead);
+    let _ = conn.close(200, "".into()).await;
     Ok(())
 }

@@ -9,10 +9,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use redeliver::config::{AmqpUrl, BrokerSettings, DEFAULT_AMQP_URL};
-use redeliver::delay::DelayBackend;
-use redeliver::publish::{prepare, Publisher};
-use redeliver::topology::QueueType;
+use redeliver::config::DEFAULT_AMQP_URL;
+use redeliver::{prepare, AmqpUrl, BrokerSettings, DelayBackend, Publisher, QueueType};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -10,7 +10,11 @@
 //! (dead letters, status, demo) → `bench` → [`cli`].
 
 mod amqp;
+#[doc(hidden)]
 pub mod bench;
+/// The `redeliver` binary's command line (clap arguments, the config
+/// file, one function per subcommand). Public for `main.rs`; embedders use
+/// the items re-exported below instead.
 pub mod cli;
 mod clock;
 pub mod config;
@@ -24,8 +28,13 @@ pub mod telemetry;
 pub mod topology;
 pub mod worker;
 
-pub use config::{AmqpUrl, BrokerSettings, WorkerSettings};
+// The embedding API: run a worker with your own delivery handler, publish,
+// and work with dead letters (`examples/embed.rs` shows it).
+pub use config::{AmqpUrl, BrokerSettings, DelayBackend, QueueType, WorkerSettings};
 pub use deliver::{DeliveryHandler, HttpDeliverer};
+pub use message::dead_letter::{DeadLetter, Filter};
 pub use message::Notification;
-pub use policy::AttemptResult;
-pub use worker::run;
+pub use ops::dlq::{walk as walk_dead_letters, Op as DeadLetterOp, Summary as DeadLetterSummary};
+pub use policy::{AttemptResult, Backoff, Jitter, RetryPolicy};
+pub use publish::{prepare, Prepared, PublishError, Publisher};
+pub use worker::{run, WorkerError};

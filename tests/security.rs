@@ -8,7 +8,7 @@ use common::harness::*;
 use common::receiver::{Receiver, Reply};
 use common::{broker_url, prefix};
 use lapin::types::FieldTable;
-use redeliver::deliver::guard::AddressPolicy;
+use redeliver::deliver::AddressPolicy;
 use redeliver::message::state::*;
 use redeliver::HttpDeliverer;
 use serde_json::json;

@@ -13,7 +13,7 @@ use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
 use crate::cli::errors::error_line;
 use crate::cli::settings::{broker_settings, worker_settings};
 use crate::config::{AmqpUrl, BrokerSettings, LOCAL_TEST_AMQP_URL};
-use crate::deliver::guard::AddressPolicy;
+use crate::deliver::AddressPolicy;
 use crate::deliver::HttpDeliverer;
 use crate::publish::{prepare, Prepared, PublishError, Publisher};
 use crate::topology::TopologyError;
@@ -78,7 +78,7 @@ pub async fn run(
     if let Some(path) = &g.config {
         settings.routes = crate::cli::file::ConfigFile::load(path)?.routes;
     }
-    let secrets = crate::deliver::signing::parse_secrets(&args.signing_secret)?;
+    let secrets = crate::config::parse_secrets(&args.signing_secret)?;
     let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
     let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
         .context("building the HTTP client")?

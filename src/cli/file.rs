@@ -27,7 +27,7 @@ use toml_edit::{Document, Item};
 
 use crate::cli::args::Cli;
 use crate::cli::toml::{line_of, values};
-use crate::config::routes::Routes;
+use crate::config::Routes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -105,7 +105,7 @@ impl ConfigFile {
         key: &str,
         item: &Item,
         text: &str,
-        routes: &mut Vec<crate::config::routes::Route>,
+        routes: &mut Vec<crate::config::Route>,
     ) -> Result<(), (usize, String)> {
         let line_at = |span: Option<std::ops::Range<usize>>, or: usize| {
             span.map_or(or, |s| line_of(text, s.start))
@@ -176,7 +176,7 @@ impl ConfigFile {
             }
             if s.key == "signing-secret" {
                 for v in s.values.iter().flat_map(|v| v.split(',')) {
-                    v.parse::<crate::deliver::signing::SigningSecret>()
+                    v.parse::<crate::config::SigningSecret>()
                         .map_err(|e| (s.line, format!("`signing-secret`: {e}")))?;
                 }
             }

@@ -158,7 +158,11 @@ pub async fn dlq_purge(
     let s = walk(&conn, &t, &filter(&a.ids, &a.filter), None, op, |_| {}).await?;
     let _ = conn.close(200, "".into()).await;
     if !a.yes {
-        writeln!(out, "{} dead letter(s) would be purged; nothing changed.", s.selected)?;
+        writeln!(
+            out,
+            "{} dead letter(s) would be purged; nothing changed.",
+            s.selected
+        )?;
         bail!("dlq purge deletes for good: run it again with --yes to delete them");
     }
     writeln!(out, "purged {}", s.done)?;

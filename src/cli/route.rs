@@ -3,8 +3,8 @@
 use toml_edit::Table;
 
 use crate::cli::toml::{line_of, values};
-use crate::config::routes::Route;
-use crate::deliver::signing::SigningSecret;
+use crate::config::Route;
+use crate::config::SigningSecret;
 use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};
 
 const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body";

@@ -1,8 +1,11 @@
 //! Settings shared by the commands, and the AMQP URL, which never prints
 //! its password.
 
-pub mod routes;
-pub mod secret;
+mod routes;
+mod secret;
+
+pub use routes::{Route, Routes};
+pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
 
 pub use crate::message::redact::redact_url;
 
@@ -151,7 +154,7 @@ pub struct WorkerSettings {
     pub events: Option<tokio::sync::broadcast::Sender<AttemptEvent>>,
     /// Per-URL-prefix overrides of the policy and success body (the
     /// handler applies their secrets and timeouts).
-    pub routes: crate::config::routes::Routes,
+    pub routes: crate::config::Routes,
     /// Readiness and metrics, for `--admin-addr`.
     pub health: crate::telemetry::Health,
 }

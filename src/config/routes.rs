@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::config::secret::SigningSecret;
+use crate::config::SigningSecret;
 use crate::policy::Overrides;
 
 #[derive(Clone, Debug, Default)]

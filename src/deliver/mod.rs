@@ -1,8 +1,10 @@
 //! HTTP delivery: one attempt of one notification, turned into an
 //! [`AttemptResult`]. No retry logic here.
 
-pub mod guard;
-pub mod signing;
+mod guard;
+mod signing;
+
+pub use guard::AddressPolicy;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,9 +12,10 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 
-use crate::config::routes::Routes;
-use crate::deliver::guard::{blocked_cause, literal_ip, AddressPolicy};
-use crate::deliver::signing::{signature_header, SigningSecret};
+use crate::config::Routes;
+use crate::config::SigningSecret;
+use crate::deliver::guard::{blocked_cause, literal_ip};
+use crate::deliver::signing::signature_header;
 use crate::message::Notification;
 use crate::policy::AttemptResult;
 

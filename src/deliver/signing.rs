@@ -9,7 +9,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub use crate::config::secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
+use crate::config::SigningSecret;
 
 /// `v1,<base64 signature>` of one message.
 fn sign(secret: &SigningSecret, content: &[u8]) -> String {
@@ -44,6 +44,7 @@ pub fn signature_header(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SecretError;
 
     /// The Standard Webhooks spec's published example (also in its
     /// reference libraries' tests).

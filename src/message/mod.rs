@@ -3,7 +3,7 @@
 //! bad message is dead-lettered as `invalid` instead of looping.
 
 pub mod dead_letter;
-pub mod redact;
+pub(crate) mod redact;
 pub mod state;
 
 use std::collections::BTreeMap;

@@ -1,8 +1,8 @@
 //! What operators do with a prefix: dead letters, status, the demo.
 
-pub mod demo;
+pub(crate) mod demo;
 mod demo_receiver;
 pub mod dlq;
-pub mod local_node;
-pub mod render;
+pub(crate) mod local_node;
+pub(crate) mod render;
 pub mod status;

@@ -10,7 +10,7 @@
 //! Prometheus recorder ([`crate::telemetry::admin`]). Without it every call here is a
 //! no-op. Labels are bounded enums only: never a URL, never a host.
 
-pub mod admin;
+pub(crate) mod admin;
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
