@@ -1,4 +1,7 @@
-//! The command line. Every option can also be set as `REDELIVER_*`.
+//! The command line. The global options and those of `run` and `publish`
+//! can also be set as `REDELIVER_*` environment variables (each flag's
+//! `--help` names its variable); the `dlq`, `bench` and `config` options
+//! cannot. A `--config` file sets the global and `run` options.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +16,7 @@ use crate::topology::QueueType;
     name = "redeliver",
     version,
     about = "Reliable HTTP notification delivery over RabbitMQ",
-    after_help = "Quick start against the local test broker:\n  tests/broker/ctl up\n  export REDELIVER_AMQP_URL='amqp://guest:guest@127.0.0.1:5674/%2f'\n  redeliver run &\n  redeliver publish --url http://127.0.0.1:8080/hook --body '{\"ok\":true}'"
+    after_help = "Quick start, from a checkout (the same as the README):\n  cargo run --release -- demo    # the whole lifecycle; starts the local test broker node if none answers\n  cargo test\n\nBy hand, against the local test node (tests/broker/ctl up):\n  export REDELIVER_AMQP_URL='amqp://guest:guest@127.0.0.1:5674/%2f'\n  redeliver run &\n  redeliver publish --url http://127.0.0.1:8080/hook --body '{\"order\":\"A-1001\",\"status\":\"paid\"}'\n  redeliver status\n  redeliver dlq list"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -83,7 +86,10 @@ pub enum Command {
     Dlq(DlqCommand),
     /// Queue depths, workers attached, and whether the delay mechanism is available.
     Status(StatusArgs),
-    /// A one-minute tour: a failing receiver, retries, dead letters (own prefix, cleaned up).
+    /// The whole lifecycle in well under a minute: a failing receiver,
+    /// retries, dead letters (own prefix, deleted at the end). Without
+    /// --amqp-url it uses the local test node, and starts it when nothing
+    /// answers there.
     Demo,
     /// Measure throughput, latency, delay accuracy, memory and scaling against
     /// the broker and an embedded HTTP sink (own prefixes, cleaned up).
@@ -116,7 +122,7 @@ pub enum DlqCommand {
     },
     /// Republish dead letters to the work queue with a fresh attempt counter.
     Replay(DlqReplayArgs),
-    /// Delete dead letters (requires --yes).
+    /// Delete dead letters (requires --yes; without it, counts and exits 1).
     Purge(DlqPurgeArgs),
     /// Write dead letters as JSON lines (non-destructive); re-import with `publish --file`.
     Export(DlqExportArgs),
@@ -171,7 +177,8 @@ pub struct DlqPurgeArgs {
     pub ids: Vec<String>,
     #[command(flatten)]
     pub filter: DlqFilterArgs,
-    /// Really delete. Without it, nothing changes and the count is shown.
+    /// Really delete. Without it, nothing changes: the count is shown and
+    /// the command fails (exit 1), so `dlq purge && ...` stops there.
     #[arg(long)]
     pub yes: bool,
 }
