@@ -1,5 +1,5 @@
-//! Backoff policy: *how long to wait* before retry n. Pure functions only;
-//! whether to retry at all is decided in [`crate::policy`].
+//! Backoff: *how long to wait* before retry n, and the policy's limits.
+//! Whether to retry at all is decided in `decide.rs` only.
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
-//! Outcome classification: *retry or not*, from what one attempt returned.
-//! How long to wait lives in [`crate::policy`]; acting on it in the worker.
+//! Outcome classification: is an attempt's result a success, worth a retry,
+//! or permanent? One input of the retry decision, which is made in
+//! `decide.rs` only; how long to wait is `backoff.rs`'s.
 
 use std::time::Duration;
 

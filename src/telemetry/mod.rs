@@ -7,7 +7,7 @@
 //! output such as ids.
 //!
 //! Metrics go through the `metrics` facade; `--admin-addr` installs the
-//! Prometheus recorder ([`crate::telemetry::admin`]). Without it every call here is a
+//! Prometheus recorder (`admin.rs`). Without it every call here is a
 //! no-op. Labels are bounded enums only: never a URL, never a host.
 
 pub(crate) mod admin;
