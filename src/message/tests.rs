@@ -62,6 +62,10 @@ fn bad_input_is_invalid_not_a_panic() {
         err(br#"{"url":"http://a/","v":2}"#),
         InvalidMessage::Version(2)
     ));
+}
+
+#[test]
+fn bad_fields_are_invalid_not_a_panic() {
     assert!(matches!(
         err(br#"{"url":"http://a/","method":"TRACE"}"#),
         InvalidMessage::BadMethod(_)
@@ -78,6 +82,10 @@ fn bad_input_is_invalid_not_a_panic() {
         err(br#"{"url":"http://a/","headers":{"Host":"x"}}"#),
         InvalidMessage::BadHeader(..)
     ));
+}
+
+#[test]
+fn bad_policies_ids_and_sizes_are_invalid_not_a_panic() {
     assert!(matches!(
         err(br#"{"url":"http://a/","max_attempts":0}"#),
         InvalidMessage::Policy(_)
