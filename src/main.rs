@@ -24,8 +24,17 @@ async fn main() {
         Command::Demo => telemetry::init_with_default(format, "warn,lapin=off"),
         _ => telemetry::init(format),
     }
+    // Only `run` and `demo` stop gracefully; every other command keeps the
+    // default: one SIGINT or SIGTERM ends it.
+    let shutdown = match cli.command {
+        Command::Run(_) => shutdown_on_signals(Second::Exits),
+        // The demo deletes its queues when stopped; a second signal must
+        // not cut that short.
+        Command::Demo => shutdown_on_signals(Second::Ignored),
+        _ => CancellationToken::new(),
+    };
     let out = &mut std::io::stdout().lock();
-    let result = cli::execute(&cli, argv, shutdown_on_signals(), out).await;
+    let result = cli::execute(&cli, argv, shutdown, out).await;
     if let Err(e) = result {
         if errors::is_broken_pipe(&e) {
             return;
@@ -39,17 +48,33 @@ async fn main() {
     }
 }
 
-/// Cancels the returned token on the first SIGINT or SIGTERM; a second
-/// signal exits at once (unacked messages return to the queue).
-pub fn shutdown_on_signals() -> CancellationToken {
+/// What a second SIGINT or SIGTERM does once a graceful stop has begun.
+#[derive(Clone, Copy)]
+enum Second {
+    /// Exit at once (a worker's unacked messages return to the queue).
+    Exits,
+    /// Nothing: the stop finishes its clean-up.
+    Ignored,
+}
+
+/// Cancels the returned token on the first SIGINT or SIGTERM.
+fn shutdown_on_signals(second: Second) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
         wait_signal().await;
-        tracing::info!("shutting down; a second signal exits at once");
         t.cancel();
-        wait_signal().await;
-        std::process::exit(130);
+        match second {
+            Second::Exits => {
+                tracing::info!("shutting down; a second signal exits at once");
+                wait_signal().await;
+                std::process::exit(130);
+            }
+            // Keep the handler installed, so a second signal is absorbed.
+            Second::Ignored => loop {
+                wait_signal().await;
+            },
+        }
     });
     token
 }

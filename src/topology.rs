@@ -95,9 +95,10 @@ impl Topology {
         Ok(())
     }
 
-    /// Deletes the prefix's queues and exchanges, messages included (for
-    /// throwaway prefixes such as the benchmark's).
-    pub async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
+    /// Deletes the intake, work and dead objects, messages included. Only
+    /// through `crate::delay::delete`, which deletes the delay backends'
+    /// objects first, so no caller leaves half a prefix behind.
+    pub(crate) async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
         // The delay backends' objects are `crate::delay::delete`'s.
         for q in [&self.work, &self.dead] {

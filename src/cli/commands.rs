@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
 use crate::cli::errors::error_line;
 use crate::cli::settings::{broker_settings, worker_settings};
-use crate::config::{AmqpUrl, BrokerSettings, LOCAL_TEST_AMQP_URL};
+use crate::config::{AmqpUrl, BrokerSettings};
 use crate::deliver::AddressPolicy;
 use crate::deliver::HttpDeliverer;
 use crate::publish::{prepare, Prepared, PublishError, Publisher};
@@ -39,7 +39,8 @@ pub async fn demo(
     crate::ops::demo::demo(&b, out, shutdown).await
 }
 
-/// `redeliver bench`: against the local test node unless a URL is given.
+/// `redeliver bench`: against the local test node unless a URL is given
+/// (started first when nothing answers, as for `demo`).
 /// The table goes to `out`, progress to stderr.
 pub async fn bench(
     g: &GlobalArgs,
@@ -48,7 +49,8 @@ pub async fn bench(
 ) -> anyhow::Result<()> {
     let mut broker = broker_settings(g);
     if g.amqp_url.is_none() {
-        broker.url = AmqpUrl::new(LOCAL_TEST_AMQP_URL);
+        crate::ops::local_node::ensure_running(&mut std::io::stderr()).await?;
+        broker.url = AmqpUrl::new(crate::ops::local_node::url());
     }
     let opts = crate::bench::BenchOptions {
         broker,

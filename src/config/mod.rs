@@ -19,8 +19,6 @@ use crate::policy::RetryPolicy;
 use crate::policy::SuccessRules;
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// The local test node (`tests/broker/ctl up`), the demo's default.
-pub const LOCAL_TEST_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5674/%2f";
 
 /// An AMQP URL whose `Debug` and `Display` hide the password.
 #[derive(Clone, PartialEq, Eq)]
