@@ -6,7 +6,7 @@
 //! [`message`] (wire format, retry-state headers, dead-letter records) →
 //! [`telemetry`] → [`config`] (settings) → [`topology`] → [`publish`]
 //! (confirmed publishing) → [`delay`] (plugin, cascade, hold) →
-//! [`deliver`] (HTTP) → [`worker`] (consume, one delivery) → [`ops`]
+//! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`worker`] (consume, one delivery) → [`ops`]
 //! (dead letters, status, demo) → `bench` → [`cli`].
 
 mod amqp;
@@ -20,6 +20,7 @@ mod clock;
 pub mod config;
 pub mod delay;
 pub mod deliver;
+pub mod endpoint;
 pub mod message;
 pub mod ops;
 pub mod policy;

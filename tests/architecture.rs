@@ -25,6 +25,7 @@ const LAYERS: &[&str] = &[
     "publish",
     "delay",
     "deliver",
+    "endpoint",
     "worker",
     "ops",
     "bench",

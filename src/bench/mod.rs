@@ -8,6 +8,7 @@
 //! the phases; `report.rs` prints the table and the JSON.
 
 mod load;
+mod noisy;
 mod options;
 mod phases;
 mod procs;

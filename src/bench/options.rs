@@ -26,10 +26,13 @@ pub enum Phase {
     Memory,
     /// 8. Horizontal scaling: 1, 2 and 4 worker processes, 20 ms receiver.
     Horizontal,
+    /// 9. Noisy neighbour: a healthy endpoint beside one that hangs,
+    ///    refuses, answers 429 or answers slowly (10% of the traffic).
+    Noisy,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -38,6 +41,7 @@ impl Phase {
         Phase::Delay,
         Phase::Memory,
         Phase::Horizontal,
+        Phase::Noisy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,7 @@ impl Phase {
             Phase::Delay => "6 delay accuracy",
             Phase::Memory => "7 memory and CPU",
             Phase::Horizontal => "8 horizontal",
+            Phase::Noisy => "9 noisy neighbour",
         }
     }
 }
@@ -88,6 +93,8 @@ pub struct Sizes {
     pub horizontal_n: usize,
     pub horizontal_concurrency: usize,
     pub horizontal_latency: Duration,
+    /// Healthy notifications of each noisy-neighbour run.
+    pub noisy_n: usize,
 }
 
 impl Sizes {
@@ -109,6 +116,7 @@ impl Sizes {
             horizontal_n: if q { 400 } else { 4_000 },
             horizontal_concurrency: 8,
             horizontal_latency: Duration::from_millis(20),
+            noisy_n: if q { 500 } else { n },
         }
     }
 }

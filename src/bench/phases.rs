@@ -65,6 +65,7 @@ impl Bench {
             Phase::Delay => self.delay_accuracy().await,
             Phase::Memory => self.memory().await,
             Phase::Horizontal => self.horizontal().await,
+            Phase::Noisy => self.noisy_neighbour().await,
         }
     }
 
@@ -326,6 +327,9 @@ impl Bench {
         });
         let mut args = Self::concurrency_args(c);
         args.extend(["--schedule".to_string(), "1ms".to_string()]);
+        // Every first attempt fails by design: this measures the retry
+        // path, not an endpoint's breaker (which would open on it).
+        args.extend(["--breaker-failures".to_string(), "0".to_string()]);
         if let Some(s) = settle {
             args.extend(["--retry-settle".to_string(), s.to_string()]);
         }

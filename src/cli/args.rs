@@ -132,7 +132,7 @@ pub enum DlqCommand {
 #[derive(Debug, Args, Clone, Default)]
 pub struct DlqFilterArgs {
     /// Only this dead-letter reason.
-    #[arg(long, value_parser = ["max-attempts", "permanent-status", "permanent", "invalid"])]
+    #[arg(long, value_parser = ["max-attempts", "permanent-status", "permanent", "invalid", "expired"])]
     pub reason: Option<String>,
     /// Only notifications whose URL contains this text.
     #[arg(long)]
@@ -201,7 +201,7 @@ pub struct DlqExportArgs {
 
 #[derive(Debug, Args, Clone)]
 #[command(
-    after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal \
+    after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy \
 (all by default). Workers run as `redeliver run` processes of this executable. \
 Against the local test node unless --amqp-url is given; see BENCHMARKS.md."
 )]
@@ -306,6 +306,51 @@ pub struct RunArgs {
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[arg(long, env = "REDELIVER_SHUTDOWN_GRACE", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
+}
+
+/// Per-endpoint isolation (an endpoint is a URL's scheme, host and port;
+/// a [[route]] can set its own concurrency, rate, breaker-failures and
+/// max-age). Waiting for an endpoint costs no attempt.
+#[derive(Debug, Args, Clone)]
+pub struct EndpointArgs {
+    /// Most HTTP attempts in flight to one endpoint, so a hanging receiver
+    /// holds at most this many of the --concurrency slots. More wait
+    /// without a slot, or are deferred. [default: a quarter of --concurrency]
+    #[arg(long, env = "REDELIVER_ENDPOINT_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
+    pub endpoint_concurrency: Option<u16>,
+    /// Most attempts per interval to one endpoint, spaced evenly, e.g. 50/s
+    /// or 600/min. [default: no limit]
+    #[arg(long, env = "REDELIVER_ENDPOINT_RATE", value_name = "RATE")]
+    pub endpoint_rate: Option<crate::policy::Rate>,
+    /// Consecutive failures (no answer, timeout, 5xx) that open an
+    /// endpoint's circuit breaker; it also opens when 70% of 20 or more
+    /// attempts in 30 s failed. 0 turns the breaker off.
+    #[arg(long, env = "REDELIVER_BREAKER_FAILURES", default_value_t = 10)]
+    pub breaker_failures: u32,
+    /// How long an open breaker first stays open (no attempts; deliveries
+    /// are deferred to when one probe is let through). Doubles after each
+    /// failed probe, up to --breaker-max-open.
+    #[arg(long, env = "REDELIVER_BREAKER_OPEN", default_value = "5s", value_parser = duration)]
+    pub breaker_open: Duration,
+    /// The longest an open breaker stays open; also caps how long a 429's
+    /// Retry-After pauses an endpoint.
+    #[arg(long, env = "REDELIVER_BREAKER_MAX_OPEN", default_value = "5m", value_parser = duration)]
+    pub breaker_max_open: Duration,
+    /// Endpoints whose state a worker keeps; the least recently used are
+    /// forgotten beyond it.
+    #[arg(long, env = "REDELIVER_MAX_ENDPOINTS", default_value_t = crate::config::DEFAULT_MAX_ENDPOINTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_endpoints: usize,
+    /// Deliveries that may wait for a busy endpoint without a slot; they
+    /// count against the prefetch. Beyond it they are deferred. 0: never park.
+    #[arg(long, env = "REDELIVER_MAX_PARKED", default_value_t = crate::config::DEFAULT_MAX_PARKED)]
+    pub max_parked: usize,
+    /// How long a notification may keep being retried or deferred, from its
+    /// first attempt (or first deferral); then it is dead-lettered as
+    /// `expired`. A notification's own `max_age` and a route's win. 0s: no limit.
+    #[arg(long, env = "REDELIVER_MAX_AGE", default_value = "3d", value_parser = duration)]
+    pub max_age: Duration,
 }
 
 /// The retry policy: an explicit schedule, or exponential backoff.
@@ -385,6 +430,10 @@ pub struct PublishArgs {
     /// Per-notification expected response body.
     #[arg(long, env = "REDELIVER_PUBLISH_SUCCESS_BODY", conflicts_with = "file")]
     pub success_body: Option<String>,
+    /// Per-notification max age (e.g. 72h): retried or deferred no longer
+    /// than this, then dead-lettered as `expired`.
+    #[arg(long, env = "REDELIVER_PUBLISH_MAX_AGE", conflicts_with = "file", value_parser = duration)]
+    pub max_age: Option<Duration>,
     /// Delay the first delivery (sent through the retry exchange).
     #[arg(long, env = "REDELIVER_PUBLISH_DELAY", value_parser = duration)]
     pub delay: Option<Duration>,

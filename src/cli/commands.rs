@@ -271,6 +271,9 @@ fn single_json(a: &PublishArgs) -> anyhow::Result<String> {
     if let Some(s) = &a.success_body {
         o.insert("success_body", raw(s)?);
     }
+    if let Some(d) = a.max_age {
+        o.insert("max_age", raw(&humantime::format_duration(d).to_string())?);
+    }
     Ok(serde_json::to_string(&o)?)
 }
 

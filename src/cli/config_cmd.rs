@@ -72,6 +72,25 @@ pub fn show(argv: Vec<OsString>, out: &mut dyn Write) -> anyhow::Result<()> {
         if let Some(b) = &r.success_body {
             writeln!(out, "success-body = {}", quote(b))?;
         }
+        print_route_limits(out, r)?;
+    }
+    Ok(())
+}
+
+/// A route's per-endpoint settings, for `config show`.
+fn print_route_limits(out: &mut dyn Write, r: &crate::config::Route) -> anyhow::Result<()> {
+    if let Some(n) = r.concurrency {
+        writeln!(out, "concurrency = {n}")?;
+    }
+    if let Some(rate) = r.rate {
+        writeln!(out, "rate = {}", quote(&rate.to_string()))?;
+    }
+    if let Some(n) = r.breaker_failures {
+        writeln!(out, "breaker-failures = {n}")?;
+    }
+    if let Some(d) = r.max_age {
+        let d = humantime::format_duration(d).to_string();
+        writeln!(out, "max-age = {}", quote(&d))?;
     }
     Ok(())
 }

@@ -5,9 +5,10 @@ use toml_edit::Table;
 use crate::cli::toml::{line_of, values};
 use crate::config::Route;
 use crate::config::SigningSecret;
-use crate::policy::{check_max_attempts, parse_duration, parse_schedule, MAX_DELAY};
+use crate::policy::{check_max_attempts, parse_duration, parse_schedule, BadRate, MAX_DELAY};
 
-const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body";
+const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body, \
+concurrency, rate, breaker-failures, max-age";
 
 /// The route of one table; an error carries the offending line, if known.
 pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
@@ -44,6 +45,12 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
             }
             "timeout" => r.timeout = Some(parse_duration(&one()?).map_err(|e| err(e.to_string()))?),
             "success-body" => r.success_body = Some(one()?),
+            "concurrency" => r.concurrency = Some(positive(&one()?).map_err(err)?),
+            "rate" => r.rate = Some(one()?.parse().map_err(|e: BadRate| err(e.to_string()))?),
+            "breaker-failures" => {
+                r.breaker_failures = Some(one()?.parse().map_err(|e| err(format!("{e}")))?)
+            }
+            "max-age" => r.max_age = Some(parse_duration(&one()?).map_err(|e| err(e.to_string()))?),
             _ => {
                 return Err((
                     line,
@@ -59,6 +66,14 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
     Ok(r)
 }
 
+/// A whole number from 1 to 65535 (a concurrency).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(usize::from(n)),
+        _ => Err(format!("`{s}` must be a whole number from 1 to 65535")),
+    }
+}
+
 /// An http(s) URL with a host, so a typo does not silently match nothing.
 /// Kept normalised (lower-case host, no default port) for `config show`.
 fn url_prefix(s: &str) -> Result<String, String> {
@@ -70,4 +85,38 @@ fn url_prefix(s: &str) -> Result<String, String> {
         return Err(format!("`{s}` must be scheme://host[:port][/path]"));
     }
     Ok(u.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Route, (Option<usize>, String)> {
+        let text = format!("[[route]]\nurl-prefix = \"https://a.example/\"\n{body}");
+        let doc = toml_edit::Document::parse(text.clone()).unwrap();
+        let tables = doc["route"].as_array_of_tables().unwrap();
+        route(tables.get(0).unwrap(), &text)
+    }
+
+    #[test]
+    fn per_endpoint_keys_parse_and_bad_values_name_their_line() {
+        let r =
+            parse("concurrency = 4\nrate = \"600/min\"\nbreaker-failures = 0\nmax-age = \"12h\"\n")
+                .unwrap();
+        assert_eq!(r.concurrency, Some(4));
+        assert_eq!(r.rate.map(|r| r.to_string()).as_deref(), Some("600/min"));
+        assert_eq!(r.breaker_failures, Some(0));
+        assert_eq!(r.max_age, Some(std::time::Duration::from_secs(12 * 3600)));
+        for (bad, needle) in [
+            ("concurrency = 0", "concurrency"),
+            ("concurrency = \"many\"", "concurrency"),
+            ("rate = \"50\"", "invalid rate"),
+            ("breaker-failures = -1", "breaker-failures"),
+            ("max-age = \"soon\"", "max-age"),
+        ] {
+            let (line, msg) = parse(bad).unwrap_err();
+            assert_eq!(line, Some(3), "{bad}");
+            assert!(msg.contains(needle), "{bad}: {msg}");
+        }
+    }
 }

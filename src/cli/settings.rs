@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 
+use crate::cli::args::EndpointArgs;
 use crate::cli::args::{GlobalArgs, PolicyArgs, RunArgs};
-use crate::config::{AmqpUrl, BrokerSettings, DelayBackend, WorkerSettings, DEFAULT_AMQP_URL};
-use crate::policy::{self, Backoff, RetryPolicy, SuccessRules};
+use crate::config::{
+    AmqpUrl, BrokerSettings, DelayBackend, EndpointSettings, WorkerSettings, DEFAULT_AMQP_URL,
+};
+use crate::policy::{self, Backoff, BreakerPolicy, RetryPolicy, SuccessRules};
 
 /// The broker, prefix, queue type and delay backend every command uses.
 pub fn broker_settings(g: &GlobalArgs) -> BrokerSettings {
@@ -47,7 +50,36 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
             DelayBackend::Plugin => crate::config::DEFAULT_RETRY_SETTLE,
             DelayBackend::Cascade => Duration::ZERO,
         }),
+        endpoints: endpoint_settings(&args.endpoint)?,
+        max_age: Some(args.endpoint.max_age).filter(|d| !d.is_zero()),
         ..WorkerSettings::default()
+    })
+}
+
+/// Per-endpoint limits and the breaker, from `--endpoint-*`, `--breaker-*`,
+/// `--max-endpoints` and `--max-parked`.
+fn endpoint_settings(a: &EndpointArgs) -> anyhow::Result<EndpointSettings> {
+    if a.breaker_max_open < a.breaker_open {
+        bail!(
+            "--breaker-max-open {} is below --breaker-open {}",
+            humantime::format_duration(a.breaker_max_open),
+            humantime::format_duration(a.breaker_open)
+        );
+    }
+    if a.breaker_open.is_zero() {
+        bail!("--breaker-open must be more than 0s");
+    }
+    Ok(EndpointSettings {
+        concurrency: a.endpoint_concurrency.map(usize::from),
+        rate: a.endpoint_rate,
+        breaker: BreakerPolicy {
+            failures: a.breaker_failures,
+            open: a.breaker_open,
+            max_open: a.breaker_max_open,
+            ..BreakerPolicy::default()
+        },
+        max_endpoints: a.max_endpoints,
+        max_parked: a.max_parked,
     })
 }
 

@@ -1,9 +1,13 @@
 //! Settings shared by the commands, and the AMQP URL, which never prints
 //! its password.
 
+mod endpoint;
 mod routes;
 mod secret;
 
+pub use endpoint::{
+    EndpointLimits, EndpointSettings, DEFAULT_MAX_AGE, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
+};
 pub use routes::{Route, Routes};
 pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
 
@@ -155,6 +159,11 @@ pub struct WorkerSettings {
     pub routes: crate::config::Routes,
     /// Readiness and metrics, for `--admin-addr`.
     pub health: crate::telemetry::Health,
+    /// Per-endpoint concurrency, rate, circuit breaker and parking.
+    pub endpoints: EndpointSettings,
+    /// How long a notification may keep being retried or deferred, from
+    /// its first attempt (or first deferral); `None` or zero: no limit.
+    pub max_age: Option<Duration>,
 }
 
 /// One attempt and what was decided about it.
@@ -184,6 +193,8 @@ impl Default for WorkerSettings {
             events: None,
             routes: Default::default(),
             health: Default::default(),
+            endpoints: EndpointSettings::default(),
+            max_age: Some(DEFAULT_MAX_AGE),
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::config::SigningSecret;
-use crate::policy::Overrides;
+use crate::policy::{Overrides, Rate};
 
 #[derive(Clone, Debug, Default)]
 pub struct Route {
@@ -19,6 +19,14 @@ pub struct Route {
     /// Replaces `--timeout` for one HTTP attempt.
     pub timeout: Option<Duration>,
     pub success_body: Option<String>,
+    /// Most attempts in flight to these URLs (`--endpoint-concurrency`).
+    pub concurrency: Option<usize>,
+    /// Most attempts per interval to these URLs (`--endpoint-rate`).
+    pub rate: Option<Rate>,
+    /// `--breaker-failures` for these URLs; 0 turns their breaker off.
+    pub breaker_failures: Option<u32>,
+    /// `--max-age` for these URLs.
+    pub max_age: Option<Duration>,
 }
 
 impl Route {
@@ -28,6 +36,7 @@ impl Route {
             max_attempts: self.max_attempts,
             schedule: self.schedule.as_deref(),
             success_body: self.success_body.as_deref(),
+            max_age: self.max_age,
         }
     }
 }

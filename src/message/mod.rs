@@ -47,6 +47,8 @@ pub struct Notification {
     pub max_attempts: Option<u32>,
     pub schedule: Option<Vec<Duration>>,
     pub success_body: Option<String>,
+    /// How long it may keep being retried or deferred (`"max_age": "72h"`).
+    pub max_age: Option<Duration>,
 }
 
 /// What a producer may send; unknown fields are ignored.
@@ -61,6 +63,7 @@ struct Wire {
     max_attempts: Option<u64>,
     schedule: Option<Vec<String>>,
     success_body: Option<String>,
+    max_age: Option<String>,
 }
 
 impl Notification {
@@ -71,6 +74,7 @@ impl Notification {
             max_attempts: self.max_attempts,
             schedule: self.schedule.as_deref(),
             success_body: self.success_body.as_deref(),
+            max_age: self.max_age,
         }
     }
 }
@@ -129,6 +133,11 @@ pub fn decode(
         .map(policy::check_max_attempts)
         .transpose()?;
     let schedule = wire.schedule.as_deref().map(parse_schedule).transpose()?;
+    let max_age = wire
+        .max_age
+        .as_deref()
+        .map(policy::parse_duration)
+        .transpose()?;
     Ok(Notification {
         id,
         url,
@@ -138,6 +147,7 @@ pub fn decode(
         max_attempts,
         schedule,
         success_body: wire.success_body,
+        max_age,
     })
 }
 

@@ -15,6 +15,13 @@ pub const H_HISTORY: &str = "redeliver-history";
 pub const H_DEAD_REASON: &str = "redeliver-dead-reason";
 pub const H_DEAD_AT: &str = "redeliver-dead-at";
 pub const H_DELAY: &str = "x-delay";
+/// Times a worker deferred the notification without attempting it (its
+/// endpoint was busy, rate-limited, paused or behind an open breaker).
+/// Deferrals cost no attempt.
+pub const H_DEFERRALS: &str = "redeliver-deferrals";
+/// When a worker first deferred a notification that had no attempt yet
+/// (ms since the epoch): its age counts from there.
+pub const H_FIRST_SEEN: &str = "redeliver-first-seen-at";
 /// The cascade delay backend's headers (its digits and due time) all start
 /// with this. No `x-` prefix: a headers exchange ignores `x-` binding
 /// arguments.
@@ -37,6 +44,9 @@ pub struct RetryState {
     pub attempts: u32,
     pub first_attempt_at: Option<i64>,
     pub id: Option<String>,
+    /// Deferrals so far (they cost no attempt).
+    pub deferrals: u32,
+    pub first_seen_at: Option<i64>,
     history: Vec<AMQPValue>,
 }
 
@@ -63,10 +73,11 @@ impl RetryState {
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| InvalidMessage::BadState(H_ATTEMPT, shown(v)))?,
         };
-        let first_attempt_at = match m.get(H_FIRST_AT) {
-            None => None,
-            Some(v) => Some(int(v).ok_or_else(|| InvalidMessage::BadState(H_FIRST_AT, shown(v)))?),
-        };
+        let first_attempt_at = optional_int(m.get(H_FIRST_AT), H_FIRST_AT)?;
+        let first_seen_at = optional_int(m.get(H_FIRST_SEEN), H_FIRST_SEEN)?;
+        let deferrals = optional_int(m.get(H_DEFERRALS), H_DEFERRALS)?
+            .map_or(Ok(0), u32::try_from)
+            .map_err(|_| InvalidMessage::BadState(H_DEFERRALS, "out of range".into()))?;
         let id = m.get(H_ID).and_then(string);
         let history = match m.get(H_HISTORY) {
             Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
@@ -76,8 +87,28 @@ impl RetryState {
             attempts,
             first_attempt_at,
             id,
+            deferrals,
+            first_seen_at,
             history,
         })
+    }
+
+    /// How long ago (at `now_ms`) it was first attempted or first
+    /// deferred, whichever was earlier; zero for a new notification.
+    pub fn age_ms(&self, now_ms: i64) -> u64 {
+        let start = match (self.first_attempt_at, self.first_seen_at) {
+            (Some(a), Some(s)) => a.min(s),
+            (a, s) => a.or(s).unwrap_or(now_ms),
+        };
+        u64::try_from(now_ms.saturating_sub(start)).unwrap_or(0)
+    }
+
+    /// Counts a deferral; its age starts now if nothing started it before.
+    pub fn defer(&mut self, now_ms: i64) {
+        self.deferrals = self.deferrals.saturating_add(1);
+        if self.first_attempt_at.is_none() {
+            self.first_seen_at.get_or_insert(now_ms);
+        }
     }
 
     /// Adds one attempt to the state.
@@ -122,6 +153,15 @@ impl RetryState {
         if let Some(id) = &self.id {
             h.insert(H_ID.into(), long_string(id));
         }
+        if let Some(at) = self.first_seen_at {
+            h.insert(H_FIRST_SEEN.into(), AMQPValue::LongLongInt(at));
+        }
+        if self.deferrals > 0 {
+            h.insert(
+                H_DEFERRALS.into(),
+                AMQPValue::LongLongInt(self.deferrals.into()),
+            );
+        }
         if let Some(c) = last {
             set_last(&mut h, c.status, c.error.as_deref());
         }
@@ -131,6 +171,12 @@ impl RetryState {
         );
         h
     }
+}
+
+/// An integer header that may be absent; any other type is tampering.
+fn optional_int(v: Option<&AMQPValue>, name: &'static str) -> Result<Option<i64>, InvalidMessage> {
+    v.map(|v| int(v).ok_or_else(|| InvalidMessage::BadState(name, shown(v))))
+        .transpose()
 }
 
 /// Records the last status and error (or clears a stale status).
@@ -275,5 +321,31 @@ mod tests {
     fn truncate_respects_char_boundaries() {
         assert_eq!(truncate("héllo", 2), "hé");
         assert_eq!(truncate("hi", 10), "hi");
+    }
+
+    #[test]
+    fn deferrals_count_without_an_attempt_and_start_the_age() {
+        let mut s = RetryState::default();
+        assert_eq!(s.age_ms(5_000), 0, "a new notification has no age");
+        s.defer(1_000);
+        s.defer(2_000);
+        let back = RetryState::from_headers(Some(&s.to_headers(None, None))).unwrap();
+        assert_eq!((back.attempts, back.deferrals), (0, 2));
+        assert_eq!(
+            back.first_seen_at,
+            Some(1_000),
+            "the first deferral starts it"
+        );
+        assert_eq!(back.age_ms(4_000), 3_000);
+        // Once attempted, the earlier of the two counts.
+        let mut a = RetryState {
+            first_attempt_at: Some(500),
+            ..Default::default()
+        };
+        a.defer(9_000);
+        assert_eq!((a.first_seen_at, a.age_ms(10_000)), (None, 9_500));
+        let mut bad = FieldTable::default();
+        bad.insert(H_DEFERRALS.into(), long_string("many"));
+        assert!(RetryState::from_headers(Some(&bad)).is_err());
     }
 }

@@ -5,13 +5,20 @@
 //! - [`decide`](decide()): the one retry decision, from the attempt's result,
 //!   the retry state and the effective policy: ack, retry after a delay, or
 //!   dead-letter with a reason.
+//! - [`breaker`](Breaker) and [`rate`](Pacer): whether an *endpoint* may be
+//!   tried now (circuit breaker, `Retry-After` pauses, rate limits); the
+//!   per-endpoint state lives in `crate::endpoint`.
 //!
 //! The worker carries the decision out; nothing else decides.
 
 mod backoff;
+mod breaker;
 mod classify;
 mod decide;
+mod rate;
 
 pub use backoff::*;
+pub use breaker::*;
 pub use classify::*;
 pub use decide::*;
+pub use rate::*;

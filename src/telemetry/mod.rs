@@ -8,7 +8,9 @@
 //!
 //! Metrics go through the `metrics` facade; `--admin-addr` installs the
 //! Prometheus recorder (`admin.rs`). Without it every call here is a
-//! no-op. Labels are bounded enums only: never a URL, never a host.
+//! no-op. Labels are bounded: enums, and the per-endpoint metrics'
+//! `endpoint` (host:port), of which at most [`MAX_ENDPOINT_LABELS`] are
+//! named and the rest are `other`. Never a URL or a path.
 
 pub(crate) mod admin;
 
@@ -91,6 +93,16 @@ pub const CONFIRMS_PENDING: &str = "redeliver_republish_confirms_pending";
 pub const RECONNECTS: &str = "redeliver_reconnects_total";
 pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
 pub const HELD: &str = "redeliver_held";
+pub const ENDPOINT_IN_FLIGHT: &str = "redeliver_endpoint_in_flight";
+pub const ENDPOINT_ATTEMPTS: &str = "redeliver_endpoint_attempts_total";
+pub const ENDPOINT_PARKED: &str = "redeliver_endpoint_parked";
+pub const ENDPOINT_DEFERRED: &str = "redeliver_endpoint_deferred_total";
+pub const ENDPOINT_BREAKER: &str = "redeliver_endpoint_breaker_state";
+pub const ENDPOINT_TRANSITIONS: &str = "redeliver_endpoint_breaker_transitions_total";
+pub const PARKED: &str = "redeliver_parked";
+pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
+/// Distinct `endpoint` label values; the rest are counted as `other`.
+pub const MAX_ENDPOINT_LABELS: usize = 100;
 
 /// Describes the metrics, so `/metrics` carries `# HELP` lines.
 pub fn describe_metrics() {
@@ -126,6 +138,31 @@ pub fn describe_metrics() {
         HELD,
         "Short delays this worker holds until due (--delay-backend cascade)"
     );
+    describe_endpoint_metrics();
+}
+
+fn describe_endpoint_metrics() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(ENDPOINT_IN_FLIGHT, "HTTP attempts in flight, by endpoint");
+    describe_counter!(ENDPOINT_ATTEMPTS, "HTTP attempts made, by endpoint");
+    describe_gauge!(
+        ENDPOINT_PARKED,
+        "Deliveries waiting for their endpoint's concurrency or rate, by endpoint"
+    );
+    describe_counter!(
+        ENDPOINT_DEFERRED,
+        "Deliveries deferred without an attempt, by endpoint and reason"
+    );
+    describe_gauge!(
+        ENDPOINT_BREAKER,
+        "Circuit breaker by endpoint: 0 closed, 1 half-open, 2 open"
+    );
+    describe_counter!(
+        ENDPOINT_TRANSITIONS,
+        "Circuit breaker openings and closings, by endpoint"
+    );
+    describe_gauge!(PARKED, "Deliveries parked in this worker (--max-parked)");
+    describe_gauge!(ENDPOINTS, "Endpoints this worker tracks (--max-endpoints)");
 }
 
 /// Records one attempt's outcome and duration.
@@ -145,6 +182,11 @@ pub fn record_attempt(action: &Action, attempt: u32, duration: Duration) {
 /// An invalid message is dead-lettered without an attempt.
 pub fn record_invalid() {
     metrics::counter!(DELIVERIES, "outcome" => "dead", "reason" => "invalid").increment(1);
+}
+
+/// A notification past its max age is dead-lettered without an attempt.
+pub fn record_expired() {
+    metrics::counter!(DELIVERIES, "outcome" => "dead", "reason" => "expired").increment(1);
 }
 
 /// Counts a gauge up for as long as the guard lives: no path out of a

@@ -1,6 +1,7 @@
 //! The consume loop: bounded concurrency, explicit shutdown, and
 //! reconnection after the broker connection is lost.
 
+mod copy;
 mod error;
 pub(crate) mod process;
 mod session;
@@ -17,6 +18,7 @@ use tracing::warn;
 
 use crate::config::{BrokerSettings, WorkerSettings};
 use crate::deliver::DeliveryHandler;
+use crate::endpoint::Endpoints;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::telemetry;
 use session::Session;
@@ -53,7 +55,23 @@ pub async fn run<H: DeliveryHandler>(
         });
     }
     let handler = Arc::new(handler);
-    let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    // Both outlive connections: deliveries still finishing from a lost
+    // connection count against the next one's bounds, and an endpoint's
+    // breaker does not forget a dead receiver on a broker hiccup.
+    let mut endpoints = settings.endpoints.clone();
+    // Parked deliveries are unacked: they must fit in the prefetch beside
+    // the slots, or the broker would stop sending while they wait.
+    endpoints.max_parked = endpoints
+        .max_parked
+        .min(prefetch(&settings).saturating_sub(settings.concurrency));
+    let shared = Shared {
+        slots: Arc::new(Semaphore::new(settings.concurrency)),
+        endpoints: Arc::new(Endpoints::new(
+            endpoints,
+            settings.concurrency,
+            settings.routes.clone(),
+        )),
+    };
     metrics::gauge!(telemetry::CONCURRENCY).set(settings.concurrency as f64);
     // Present from the start, so dashboards and alerts see 0, not "no data".
     metrics::counter!(telemetry::RECONNECTS).increment(0);
@@ -63,7 +81,7 @@ pub async fn run<H: DeliveryHandler>(
     let mut failures = 0u32;
     loop {
         let started = Instant::now();
-        let result = session(broker, &settings, &handler, &semaphore, &shutdown).await;
+        let result = session(broker, &settings, &handler, &shared, &shutdown).await;
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_fatal() => return Err(e),
@@ -99,12 +117,19 @@ fn reconnect_policy() -> RetryPolicy {
     }
 }
 
+/// What every session of one worker shares.
+pub(crate) struct Shared {
+    /// The `--concurrency` slots: HTTP attempts in flight.
+    pub slots: Arc<Semaphore>,
+    pub endpoints: Arc<Endpoints>,
+}
+
 /// One connection's life: `Ok` on shutdown, `Err` when the connection failed.
 async fn session<H: DeliveryHandler>(
     broker: &BrokerSettings,
     settings: &WorkerSettings,
     handler: &Arc<H>,
-    semaphore: &Arc<Semaphore>,
+    shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let conn = broker
@@ -115,9 +140,9 @@ async fn session<H: DeliveryHandler>(
             url: broker.url.redacted(),
             source,
         })?;
-    let result = match Session::open(&conn, broker, settings, handler).await {
+    let result = match Session::open(&conn, broker, settings, handler, shared).await {
         Ok(mut session) => {
-            let result = session.pump(semaphore, shutdown).await;
+            let result = session.pump(shutdown).await;
             // A broken session's acks could not reach the broker: no grace.
             let grace = match result {
                 Ok(()) => settings.shutdown_grace,

@@ -1,7 +1,8 @@
 //! One delivery's path through the worker, in stages:
-//! decode → attempt (HTTP) → judge (pure: [`crate::policy::decide`]) →
-//! report (log, metrics, events) → copy (republish the retry or dead
-//! letter, confirmed) → settle (ack, hold then ack, or requeue).
+//! decode → admit (its endpoint: go, park or defer, [`crate::endpoint`]) →
+//! attempt (HTTP) → judge (pure: [`crate::policy::decide`]) → report (log,
+//! metrics, events) → copy (republish the retry, deferral or dead letter,
+//! confirmed; `copy.rs`) → settle (ack, hold then ack, or requeue).
 //!
 //! The original is acked only after its copy was confirmed, never before.
 
@@ -10,22 +11,21 @@ use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
-use lapin::types::FieldTable;
 use lapin::Acker;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use crate::amqp::requeue;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
-use crate::message::state::{self, AttemptRecord, RetryState};
+use crate::endpoint::{Admission, Endpoints, Pass};
+use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
-use crate::policy::{
-    decide, Action, AttemptResult, Classified, DeadReason, Decision, EffectivePolicy,
-};
-use crate::publish::{republish_properties, PublishError, Publisher};
+use crate::policy::{self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy};
+use crate::publish::{PublishError, Publisher};
 use crate::telemetry::{self, GaugeGuard};
 
 /// What every delivery task of one connection shares.
@@ -39,6 +39,10 @@ pub struct Context<H> {
     /// Cancelled when republishing fails in a way a new connection (and a
     /// fresh topology declaration) may cure: unroutable or unconfirmed.
     pub broken: CancellationToken,
+    /// The worker's concurrency slots, which a parked delivery takes again.
+    pub slots: Arc<Semaphore>,
+    /// Per-endpoint limits and breakers, shared by every session.
+    pub endpoints: Arc<Endpoints>,
 }
 
 /// How long a delivery whose republish failed waits before it is requeued,
@@ -54,14 +58,21 @@ impl Slot {
     pub fn new(permit: OwnedSemaphorePermit) -> Self {
         Slot(Some((permit, GaugeGuard::new(telemetry::IN_FLIGHT))))
     }
-    fn free(&mut self) {
+    pub(super) fn free(&mut self) {
         self.0.take();
+    }
+
+    /// Takes a slot again (after parking), in turn with the consumer.
+    async fn take(&mut self, slots: &Arc<Semaphore>) {
+        if let Ok(p) = slots.clone().acquire_owned().await {
+            *self = Slot::new(p);
+        }
     }
 }
 
 /// What became of a delivery before its own ack: the copy it needed, if
 /// any, was confirmed.
-enum Done {
+pub(super) enum Done {
     /// Delivered (with the HTTP attempt's span, for the overhead trace) or
     /// dead-lettered: ack it.
     Ack(Option<HttpSpan>),
@@ -156,13 +167,13 @@ async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
 
 /// When the delivery handler was called and when it returned.
 #[derive(Clone, Copy)]
-struct HttpSpan {
+pub(super) struct HttpSpan {
     start: Instant,
     end: Instant,
 }
 
 impl HttpSpan {
-    fn millis(&self) -> u64 {
+    pub(super) fn millis(&self) -> u64 {
         self.end.duration_since(self.start).as_millis() as u64
     }
 }
@@ -180,20 +191,51 @@ fn trace_overhead(pulled: Instant, span: HttpSpan) {
     );
 }
 
-/// Decodes, then attempts; what cannot be decoded is dead-lettered as
-/// `invalid`. `Ok` means: ack it (after the settle, for a retry).
+/// Decodes, then admits and attempts; what cannot be decoded is
+/// dead-lettered as `invalid`, what is past its max age as `expired`.
+/// `Ok` means: ack it (after the settle, for a retry or deferral).
 async fn handle<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
     slot: &mut Slot,
 ) -> Result<Done, PublishError> {
-    match decode(&ctx.settings, d) {
-        Ok((n, st)) => attempt(ctx, d, n, st, slot).await,
+    let (n, st) = match decode(&ctx.settings, d) {
+        Ok(decoded) => decoded,
         Err(e) => {
             slot.free();
-            dead_letter_invalid(ctx, d, &e)
+            return dead_letter_invalid(ctx, d, &e)
                 .await
-                .map(|()| Done::Ack(None))
+                .map(|()| Done::Ack(None));
+        }
+    };
+    let age = Duration::from_millis(st.age_ms(now_ms()));
+    if effective_policy(&ctx.settings, &n).expired(age) {
+        slot.free();
+        return dead_letter_expired(ctx, d, &st, &n.id).await;
+    }
+    let admission = match ctx.endpoints.try_admit(&n.url) {
+        Admission::Park(parked) => {
+            // Waiting for its endpoint is not a request in flight.
+            slot.free();
+            let admission = parked.wait().await;
+            if matches!(admission, Admission::Go(_)) {
+                slot.take(&ctx.slots).await;
+            }
+            admission
+        }
+        other => other,
+    };
+    match admission {
+        Admission::Go(pass) => attempt(ctx, d, n, st, slot, pass).await,
+        Admission::Defer { wait, reason } => {
+            slot.free();
+            defer(ctx, d, st, &n.id, wait, reason).await
+        }
+        // `wait` never parks again; treat it as a short deferral if it did.
+        Admission::Park(_) => {
+            slot.free();
+            let busy = crate::endpoint::DeferReason::Busy;
+            defer(ctx, d, st, &n.id, crate::endpoint::PARK_WAIT, busy).await
         }
     }
 }
@@ -213,25 +255,30 @@ fn decode(
     Ok((n, st))
 }
 
-/// Delivers once (the slot is freed as soon as the handler returns), then
-/// judges, reports and makes the copy the decision needs.
+/// Delivers once (the slot and the endpoint's pass are given back as soon
+/// as the handler returns, the pass with what the attempt said about the
+/// endpoint), then judges, reports and makes the copy the decision needs.
 async fn attempt<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
     n: Notification,
     mut st: RetryState,
     slot: &mut Slot,
+    mut pass: Pass,
 ) -> Result<Done, PublishError> {
     st.id = Some(n.id.clone());
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, start) = (now_ms(), Instant::now());
+    let age = Duration::from_millis(st.age_ms(at_ms));
+    pass.start();
     let result = ctx.handler.deliver(&n, attempt).await;
     slot.free();
+    pass.finish(policy::signal(&result));
     let span = HttpSpan {
         start,
         end: Instant::now(),
     };
-    let decision = judge(&ctx.settings, &n, attempt, &result);
+    let decision = judge(&ctx.settings, &n, attempt, age, &result);
     report(&ctx.settings, &n, attempt, &decision, span);
     let record = AttemptRecord {
         attempt,
@@ -246,22 +293,29 @@ async fn attempt<H: DeliveryHandler>(
     copy(ctx, d, st, &decision, record, span).await
 }
 
-/// The retry decision for this notification under its effective policy:
-/// its own fields, then its URL's `[[route]]`, then the worker's flags.
+/// The policy in force for this notification: its own fields, then its
+/// URL's `[[route]]`, then the worker's flags.
+fn effective_policy<'a>(settings: &'a WorkerSettings, n: &'a Notification) -> EffectivePolicy<'a> {
+    let route = settings.routes.find(&n.url);
+    EffectivePolicy::new(
+        &settings.policy,
+        &settings.rules,
+        settings.max_age,
+        route.map(|r| r.overrides()).unwrap_or_default(),
+        n.overrides(),
+    )
+}
+
+/// The retry decision for this attempt under the effective policy.
 fn judge(
     settings: &WorkerSettings,
     n: &Notification,
     attempt: u32,
+    age: Duration,
     result: &AttemptResult,
 ) -> Decision {
-    let route = settings.routes.find(&n.url);
-    let policy = EffectivePolicy::new(
-        &settings.policy,
-        &settings.rules,
-        route.map(|r| r.overrides()).unwrap_or_default(),
-        n.overrides(),
-    );
-    decide(result, attempt, &policy, &mut rand::rng())
+    let policy = effective_policy(settings, n);
+    decide(result, attempt, age, &policy, &mut rand::rng())
 }
 
 /// The attempt's log line, metrics and (when asked for) event.
@@ -286,61 +340,6 @@ fn report(
             action,
         });
     }
-}
-
-/// Publishes what the decision needs (a retry copy or a dead letter) and
-/// waits for its confirm. The history travels only with a copy; a success
-/// needs none.
-async fn copy<H>(
-    ctx: &Context<H>,
-    d: &Delivery,
-    mut st: RetryState,
-    decision: &Decision,
-    record: AttemptRecord<'_>,
-    span: HttpSpan,
-) -> Result<Done, PublishError> {
-    let mut headers = || {
-        st.record(&record);
-        st.to_headers(d.properties.headers().as_ref(), Some(&decision.classified))
-    };
-    match decision.action {
-        Action::Ack => Ok(Done::Ack(Some(span))),
-        Action::Retry { delay } => {
-            let copy = ctx
-                .publisher
-                .retry(&d.data, d.properties.clone(), headers(), delay);
-            let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
-            copy.await.map(|()| Done::Retried)
-        }
-        Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
-            .await
-            .map(|()| Done::Ack(None)),
-    }
-}
-
-/// Invalid messages keep their original bytes and headers, plus the reason.
-async fn dead_letter_invalid<H>(
-    ctx: &Context<H>,
-    d: &Delivery,
-    e: &InvalidMessage,
-) -> Result<(), PublishError> {
-    warn!(error = %e, "invalid message; dead-lettering it");
-    telemetry::record_invalid();
-    let mut headers = d.properties.headers().clone().unwrap_or_default();
-    state::set_last(&mut headers, None, Some(&e.to_string()));
-    dead_letter(ctx, d, headers, DeadReason::Invalid).await
-}
-
-async fn dead_letter<H>(
-    ctx: &Context<H>,
-    d: &Delivery,
-    mut headers: FieldTable,
-    reason: DeadReason,
-) -> Result<(), PublishError> {
-    state::mark_dead(&mut headers, reason.as_str(), now_ms());
-    let props = republish_properties(&d.properties, headers);
-    let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
-    ctx.publisher.dead_letter(&d.data, props).await
 }
 
 fn log_attempt(n: &Notification, attempt: u32, c: &Classified, action: &Action, duration_ms: u64) {

@@ -9,13 +9,13 @@ use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use super::error::WorkerError;
 use super::process::{process, Context, Slot};
+use super::Shared;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
 use crate::delay::hold::Holder;
 use crate::deliver::DeliveryHandler;
@@ -65,6 +65,7 @@ impl<H: DeliveryHandler> Session<H> {
         broker: &BrokerSettings,
         settings: &WorkerSettings,
         handler: &Arc<H>,
+        shared: &Shared,
     ) -> Result<Self, WorkerError> {
         let topology = crate::delay::declare_topology(broker, conn).await?;
         let publisher = Publisher::with_channels(
@@ -97,6 +98,8 @@ impl<H: DeliveryHandler> Session<H> {
             settings: settings.clone(),
             hard_stop,
             broken: CancellationToken::new(),
+            slots: shared.slots.clone(),
+            endpoints: shared.endpoints.clone(),
         });
         Ok(Session {
             ctx,
@@ -111,18 +114,20 @@ impl<H: DeliveryHandler> Session<H> {
 
     /// Pulls deliveries into tasks until `shutdown` (`Ok`) or until the
     /// session breaks (`Err`). A concurrency permit is taken *before* the
-    /// next delivery is pulled, so a delivery never waits for a slot.
-    pub(super) async fn pump(
-        &mut self,
-        semaphore: &Arc<Semaphore>,
-        shutdown: &CancellationToken,
-    ) -> Result<(), WorkerError> {
+    /// next delivery is pulled, so a delivery never waits for a slot, and
+    /// only while a parking place is free, so a delivery whose endpoint is
+    /// busy can give its slot back and wait.
+    pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> Result<(), WorkerError> {
+        let slots = self.ctx.slots.clone();
         loop {
             let permit = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
-                p = semaphore.clone().acquire_owned() => match p {
+                p = async {
+                    self.ctx.endpoints.wait_for_room().await;
+                    slots.clone().acquire_owned().await
+                } => match p {
                     Ok(p) => p,
                     Err(_) => return Ok(()),
                 },

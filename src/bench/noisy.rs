@@ -1,0 +1,231 @@
+//! Phase 9, noisy neighbour: a backlog where one notification in ten goes
+//! to a bad endpoint (hanging past the timeout, refusing connections,
+//! answering 429 with `Retry-After: 1`, or answering in 500 ms) and the
+//! rest to the healthy sink. A `redeliver run` worker on the default flags
+//! drains it. The figure is the healthy endpoint's delivery rate as a
+//! ratio to its rate alone, measured in the same phase; and how many HTTP
+//! attempts per second the bad endpoint got (a breaker sends a dead one a
+//! trickle of probes, not a stream), read from the worker's `/metrics`.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+use super::load::{self, Item};
+use super::options::Phase;
+use super::phases::Bench;
+use super::sink::Mode;
+
+/// How the bad endpoint misbehaves.
+#[derive(Clone, Copy, Debug)]
+enum Bad {
+    Hang,
+    Refuse,
+    TooMany,
+    Slow,
+}
+
+impl Bad {
+    const ALL: [Bad; 4] = [Bad::Hang, Bad::Refuse, Bad::TooMany, Bad::Slow];
+
+    fn name(self) -> &'static str {
+        match self {
+            Bad::Hang => "(a) hangs past the timeout",
+            Bad::Refuse => "(b) refuses connections",
+            Bad::TooMany => "(c) 429, Retry-After: 1",
+            Bad::Slow => "(d) answers in 500 ms",
+        }
+    }
+}
+
+/// The bad endpoint, answering as its mode says. `Refuse` has no server:
+/// its port was bound and released, so nothing listens.
+struct BadSink {
+    url: String,
+    /// Its `endpoint` metrics label (host:port).
+    label: String,
+    stop: CancellationToken,
+}
+
+impl BadSink {
+    async fn start(bad: Bad) -> std::io::Result<BadSink> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let label = listener.local_addr()?.to_string();
+        let stop = CancellationToken::new();
+        if matches!(bad, Bad::Refuse) {
+            drop(listener);
+        } else {
+            let app = axum::Router::new().fallback(answer).with_state(bad);
+            let signal = stop.clone().cancelled_owned();
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .await;
+            });
+        }
+        Ok(BadSink {
+            url: format!("http://{label}/bad"),
+            label,
+            stop,
+        })
+    }
+}
+
+impl Drop for BadSink {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn answer(State(bad): State<Bad>) -> (StatusCode, HeaderMap) {
+    let mut h = HeaderMap::new();
+    match bad {
+        // Far past any timeout; the worker gives up first.
+        Bad::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,
+        Bad::Slow => tokio::time::sleep(Duration::from_millis(500)).await,
+        Bad::TooMany => {
+            h.insert("retry-after", HeaderValue::from_static("1"));
+            return (StatusCode::TOO_MANY_REQUESTS, h);
+        }
+        Bad::Refuse => {}
+    }
+    (StatusCode::OK, h)
+}
+
+/// What one run measured.
+struct Run {
+    healthy_per_s: f64,
+    bad_attempts_per_s: f64,
+}
+
+impl Bench {
+    /// The four cases on the default flags; with the plugin backend also
+    /// with `--retry-settle 0s`, since a deferral's original is held for
+    /// the settle like a retry's, in the prefetch room.
+    pub(super) async fn noisy_neighbour(&mut self) -> anyhow::Result<()> {
+        self.noisy_cases(&[]).await?;
+        if self.opts.broker.delay == crate::config::DelayBackend::Plugin {
+            self.noisy_cases(&["--retry-settle", "0s"]).await?;
+        }
+        Ok(())
+    }
+
+    async fn noisy_cases(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        let p = Phase::Noisy;
+        let how = match extra {
+            [] => String::new(),
+            _ => format!(" ({})", extra.join(" ")),
+        };
+        let alone = self.noisy_run(None, extra).await?.healthy_per_s;
+        self.push(
+            p,
+            format!("healthy endpoint alone{how}"),
+            Some(alone),
+            "msg/s",
+        );
+        for bad in Bad::ALL {
+            let run = self.noisy_run(Some(bad), extra).await?;
+            let ratio = run.healthy_per_s / alone.max(1e-9);
+            let name = format!("healthy beside {}{how}: ratio to alone", bad.name());
+            self.push_target(p, name, Some(ratio), "ratio", "≥ 0.8", |r| r >= 0.8);
+            let name = format!("{}{how}: its HTTP attempts", bad.name());
+            self.push(p, name, Some(run.bad_attempts_per_s), "req/s");
+        }
+        Ok(())
+    }
+
+    /// Drains a backlog of `noisy_n` healthy notifications (plus one in
+    /// ten to `bad`) with one worker; measures until the last healthy one.
+    async fn noisy_run(&self, bad: Option<Bad>, extra: &[&str]) -> anyhow::Result<Run> {
+        let healthy = self.sizes.noisy_n;
+        self.sink.reset(Mode::default());
+        let bad_sink = match bad {
+            Some(b) => Some(BadSink::start(b).await?),
+            None => None,
+        };
+        let ok_url = self.sink.url("/ok");
+        let bad_url = bad_sink.as_ref().map(|b| b.url.clone());
+        let total = healthy + bad_url.as_ref().map_or(0, |_| healthy / 9);
+        let items = (0..total).map(|i| {
+            let url = match &bad_url {
+                Some(u) if i % 10 == 9 => u,
+                _ => &ok_url,
+            };
+            Item {
+                json: format!(r#"{{"url":"{url}","id":"n-{i}","body":{{"i":{i}}}}}"#),
+                delay: None,
+            }
+        });
+        let prefix = self.prefix("noisy");
+        let drained = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
+            Ok(_) => {
+                let bad = bad_sink.as_ref();
+                self.drain_and_count(&prefix, healthy, bad, extra).await
+            }
+            Err(e) => Err(e),
+        };
+        load::remove(&self.conn, &prefix).await;
+        let bad_attempts = drained?;
+        let seen = self.sink.seen();
+        Ok(Run {
+            healthy_per_s: seen.rate(),
+            bad_attempts_per_s: bad_attempts as f64 / seen.span_s.max(1e-9),
+        })
+    }
+
+    /// One worker on the default flags (but a short shutdown grace, so that
+    /// stopping does not wait for hanging attempts) until the sink saw
+    /// `healthy`; returns the bad endpoint's HTTP attempts, read from the
+    /// worker's own `/metrics` (a refused connection reaches no server).
+    async fn drain_and_count(
+        &self,
+        prefix: &str,
+        healthy: usize,
+        bad: Option<&BadSink>,
+        extra: &[&str],
+    ) -> anyhow::Result<u64> {
+        let admin = free_port()?;
+        let mut args = Self::concurrency_args(self.sizes.concurrency);
+        args.extend(["--shutdown-grace", "1s", "--admin-addr"].map(String::from));
+        args.push(format!("127.0.0.1:{admin}"));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let worker = self.spawner.spawn(prefix, &args, false)?;
+        let within = Duration::from_secs(120) + Duration::from_millis(healthy as u64 * 5);
+        let done = self.sink.wait_for(healthy as u64, within).await;
+        let attempts = match bad {
+            Some(b) => endpoint_attempts(admin, &b.label).await.unwrap_or(0),
+            None => 0,
+        };
+        worker.stop().await?;
+        anyhow::ensure!(
+            done,
+            "only {} of {healthy} healthy notifications arrived within {within:?}",
+            self.sink.ok()
+        );
+        Ok(attempts)
+    }
+}
+
+/// A port nothing listens on (bound, then released).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `redeliver_endpoint_attempts_total` of one endpoint, from a worker's
+/// `/metrics`.
+async fn endpoint_attempts(admin: u16, label: &str) -> anyhow::Result<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await?
+        .text()
+        .await?;
+    let key = format!("redeliver_endpoint_attempts_total{{endpoint=\"{label}\"}}");
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    Ok(value.unwrap_or(0.0) as u64)
+}

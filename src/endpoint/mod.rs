@@ -1,0 +1,348 @@
+//! Per-endpoint isolation: one bad receiver must not starve the others.
+//!
+//! An **endpoint** is a URL's scheme, host and port; the URLs of a
+//! `[[route]]` form an endpoint of their own, with the route's limits. For
+//! each endpoint a worker keeps (in memory, for at most `--max-endpoints`
+//! of them, the least recently used forgotten):
+//!
+//! - a **concurrency cap** (`--endpoint-concurrency`, a route's
+//!   `concurrency`): attempts in flight to it;
+//! - an optional **rate** (`--endpoint-rate`, a route's `rate`);
+//! - a **circuit breaker** and `Retry-After` **pauses** (the pure state
+//!   machine is `crate::policy::Breaker`).
+//!
+//! [`Endpoints::try_admit`] answers for each delivery, before its attempt:
+//! **go**; **park** (the endpoint is at its cap or waits for its rate turn,
+//! and will be free soon: the delivery gives its concurrency slot back and
+//! waits, in arrival order, holding one of `--max-parked` places); or
+//! **defer** (the breaker is open, the endpoint paused, or its wait would
+//! be long: the worker republishes it with a delay, confirmed before the
+//! ack). Parking and deferring are not attempts and cost none.
+
+mod pass;
+
+pub use pass::{Parked, Pass};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::Semaphore;
+
+use crate::config::{EndpointLimits, EndpointSettings, Route, Routes};
+use crate::policy::{Breaker, Gate, Pacer, WaitReason};
+use crate::telemetry;
+
+/// A parked delivery is expected to get its turn within this long, or it
+/// is deferred instead: parking is for short waits.
+pub const PARK_WAIT: Duration = Duration::from_secs(1);
+/// A parked delivery that waited this long is deferred after all (its
+/// endpoint stalled after it was parked).
+pub const PARK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How far ahead a busy endpoint's deferrals are spread at most.
+pub const MAX_SCHEDULE: Duration = Duration::from_secs(300);
+
+/// Why a delivery was deferred without an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeferReason {
+    /// The endpoint's breaker is open.
+    Open,
+    /// The endpoint asked for a pause (429, or 503 with `Retry-After`).
+    Paused,
+    /// The breaker is half-open and its probes are out.
+    Probing,
+    /// The endpoint is at its concurrency cap with a long wait, or no
+    /// parking place was free.
+    Busy,
+    /// The endpoint's rate allows no turn soon.
+    Rate,
+}
+
+impl DeferReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::Open => "breaker-open",
+            DeferReason::Paused => "paused",
+            DeferReason::Probing => "probing",
+            DeferReason::Busy => "busy",
+            DeferReason::Rate => "rate",
+        }
+    }
+}
+
+impl From<WaitReason> for DeferReason {
+    fn from(w: WaitReason) -> Self {
+        match w {
+            WaitReason::Open => DeferReason::Open,
+            WaitReason::Paused => DeferReason::Paused,
+            WaitReason::Probing => DeferReason::Probing,
+        }
+    }
+}
+
+/// What to do with a delivery before its attempt.
+pub enum Admission {
+    /// Attempt it now and report the result through the pass.
+    Go(Pass),
+    /// Give the concurrency slot back and [`Parked::wait`].
+    Park(Parked),
+    /// Republish it to come back after `wait` (at least; the worker adds
+    /// jitter and backoff, see [`defer_delay`]). No attempt is spent.
+    Defer { wait: Duration, reason: DeferReason },
+}
+
+/// One endpoint's limits and state.
+pub(crate) struct Endpoint {
+    /// `scheme://host:port`, or the route's URL prefix: for log lines.
+    key: String,
+    /// Its metrics label (bounded, see [`Endpoints::label`]).
+    label: String,
+    limits: EndpointLimits,
+    permits: Arc<Semaphore>,
+    state: Mutex<State>,
+}
+
+struct State {
+    breaker: Breaker,
+    pacer: Pacer,
+    /// Moving average of attempt durations, once one finished.
+    latency: Option<Duration>,
+    /// The last time an attempt finished, or the endpoint became busy.
+    progress: Instant,
+    in_flight: usize,
+    parked: usize,
+    used: Instant,
+    /// Until when the deliveries deferred as busy or rate-limited are
+    /// expected to keep the endpoint occupied (see [`Endpoint::deferral`]).
+    deferred_until: Option<Instant>,
+}
+
+impl Endpoint {
+    fn new(key: String, label: String, limits: EndpointLimits, now: Instant) -> Self {
+        let state = State {
+            breaker: Breaker::new(now),
+            pacer: Pacer::default(),
+            latency: None,
+            progress: now,
+            in_flight: 0,
+            parked: 0,
+            used: now,
+            deferred_until: None,
+        };
+        Endpoint {
+            key,
+            label,
+            limits,
+            permits: Arc::new(Semaphore::new(limits.concurrency)),
+            state: Mutex::new(state),
+        }
+    }
+
+    /// The state, even if a holder panicked: it is counters only.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The answer for a delivery that must wait `wait` or more, counted in
+    /// the metrics. A delivery deferred because the endpoint is busy or at
+    /// its rate gets the next free place in the endpoint's schedule: one
+    /// every `spacing` (its rate's interval, or its average attempt time
+    /// over its concurrency) after those deferred before it, up to
+    /// [`MAX_SCHEDULE`] ahead. So a backlog comes back at about the pace the
+    /// endpoint can take it, instead of all at once and deferred again.
+    fn deferral(
+        &self,
+        st: &mut State,
+        now: Instant,
+        wait: Duration,
+        reason: DeferReason,
+    ) -> Admission {
+        let label = self.label.clone();
+        metrics::counter!(telemetry::ENDPOINT_DEFERRED, "endpoint" => label, "reason" => reason.as_str())
+            .increment(1);
+        if !matches!(reason, DeferReason::Busy | DeferReason::Rate) {
+            return Admission::Defer { wait, reason };
+        }
+        let per = st
+            .latency
+            .unwrap_or_else(|| now.saturating_duration_since(st.progress));
+        let cap = u32::try_from(self.limits.concurrency.max(1)).unwrap_or(u32::MAX);
+        let spacing = (per / cap).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
+        let earliest = now + wait;
+        let slot = st.deferred_until.map_or(earliest, |u| u.max(earliest));
+        let slot = slot.min(now + MAX_SCHEDULE);
+        st.deferred_until = Some(slot + spacing);
+        Admission::Defer {
+            wait: slot - now,
+            reason,
+        }
+    }
+
+    /// How long a delivery parked now would wait for a free slot: the
+    /// queue ahead of it at the average latency, or at least how long the
+    /// endpoint has made no progress at all (a hanging receiver).
+    fn park_estimate(&self, st: &State, now: Instant) -> Duration {
+        let per = st.latency.unwrap_or_default();
+        let queued = u32::try_from(st.parked + 1).unwrap_or(u32::MAX);
+        let cap = u32::try_from(self.limits.concurrency.max(1)).unwrap_or(u32::MAX);
+        (per.saturating_mul(queued) / cap).max(now.saturating_duration_since(st.progress))
+    }
+}
+
+/// Every endpoint this worker knows, and the parking places they share.
+pub struct Endpoints {
+    settings: EndpointSettings,
+    worker_concurrency: usize,
+    routes: Routes,
+    map: Mutex<HashMap<String, Arc<Endpoint>>>,
+    room: Arc<Semaphore>,
+    labels: Mutex<Vec<String>>,
+}
+
+impl Endpoints {
+    pub fn new(settings: EndpointSettings, worker_concurrency: usize, routes: Routes) -> Self {
+        let room = Arc::new(Semaphore::new(settings.max_parked));
+        metrics::gauge!(telemetry::PARKED).set(0.0);
+        Endpoints {
+            settings,
+            worker_concurrency,
+            routes,
+            map: Mutex::new(HashMap::new()),
+            room,
+            labels: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits until a parking place is free, so the worker pulls no more
+    /// deliveries than it can park (backpressure when every endpoint is
+    /// busy). Returns at once when parking is off.
+    pub async fn wait_for_room(&self) {
+        if self.settings.max_parked > 0 {
+            // Taken and given back at once: only the wait matters.
+            let _ = self.room.acquire().await;
+        }
+    }
+
+    /// The answer for a delivery to `url`; see [`Admission`].
+    pub fn try_admit(&self, url: &url::Url) -> Admission {
+        let route = self.routes.find(url);
+        let ep = self.endpoint(url, route);
+        let now = Instant::now();
+        let mut st = ep.state();
+        st.used = now;
+        if let Gate::Wait(wait, why) = st.breaker.gate(now, &ep.limits.breaker, false) {
+            return ep.deferral(&mut st, now, wait, why.into());
+        }
+        let permit = ep.permits.clone().try_acquire_owned().ok();
+        let (wait, reason) = match &permit {
+            Some(_) => (rate_wait(&ep, &st, now), DeferReason::Rate),
+            None => (ep.park_estimate(&st, now), DeferReason::Busy),
+        };
+        let permit = match (permit, wait.is_zero()) {
+            (Some(p), true) => return pass::go(&ep, &mut st, p, now, false),
+            (p, _) => p,
+        };
+        if wait > PARK_WAIT {
+            return ep.deferral(&mut st, now, wait, reason);
+        }
+        match self.room.clone().try_acquire_owned() {
+            Ok(ticket) => Admission::Park(Parked::new(ep.clone(), &mut st, ticket, permit)),
+            Err(_) => ep.deferral(&mut st, now, wait.max(PARK_WAIT), DeferReason::Busy),
+        }
+    }
+
+    /// The endpoint of `url` (the route's, when one matches), created with
+    /// its limits when new; the least recently used are forgotten beyond
+    /// `--max-endpoints`.
+    fn endpoint(&self, url: &url::Url, route: Option<&Route>) -> Arc<Endpoint> {
+        let key = match route {
+            Some(r) => r.url_prefix.clone(),
+            None => endpoint_key(url),
+        };
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ep) = map.get(&key) {
+            return ep.clone();
+        }
+        if map.len() >= self.settings.max_endpoints.max(1) {
+            forget_least_used(&mut map);
+        }
+        let limits = self.settings.limits(self.worker_concurrency, route);
+        let ep = Endpoint::new(key.clone(), self.label(url), limits, Instant::now());
+        let ep = Arc::new(ep);
+        map.insert(key, ep.clone());
+        metrics::gauge!(telemetry::ENDPOINTS).set(map.len() as f64);
+        ep
+    }
+
+    /// `host:port` for the first [`telemetry::MAX_ENDPOINT_LABELS`]
+    /// endpoints seen, `other` after that.
+    fn label(&self, url: &url::Url) -> String {
+        let name = format!(
+            "{}:{}",
+            url.host_str().unwrap_or(""),
+            url.port_or_known_default().unwrap_or(0)
+        );
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if labels.contains(&name) {
+            return name;
+        }
+        if labels.len() < telemetry::MAX_ENDPOINT_LABELS {
+            labels.push(name.clone());
+            return name;
+        }
+        "other".into()
+    }
+}
+
+/// Scheme, host and port: `https://pay.example.com:443`.
+pub fn endpoint_key(url: &url::Url) -> String {
+    format!(
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
+
+/// How long until the endpoint's rate allows an attempt (zero: no rate).
+fn rate_wait(ep: &Endpoint, st: &State, now: Instant) -> Duration {
+    match ep.limits.rate {
+        Some(_) => st.pacer.wait(now),
+        None => Duration::ZERO,
+    }
+}
+
+/// Forgets the least recently used tenth of the endpoints that nobody is
+/// using (no delivery holds them).
+fn forget_least_used(map: &mut HashMap<String, Arc<Endpoint>>) {
+    let mut idle: Vec<(Instant, String)> = map
+        .iter()
+        .filter(|(_, ep)| Arc::strong_count(ep) == 1)
+        .map(|(k, ep)| (ep.state().used, k.clone()))
+        .collect();
+    idle.sort();
+    let n = (map.len() / 10).max(1);
+    for (_, k) in idle.into_iter().take(n) {
+        map.remove(&k);
+    }
+}
+
+/// How long a deferred delivery waits: at least `wait` (the breaker's open
+/// time left, the pause, the rate's next turn, the estimated queue), and at
+/// least 1 s (shorter waits park instead) doubled for each earlier deferral
+/// (up to a minute), so a long backlog circulates ever more slowly; plus
+/// up to half again of jitter, so deferred deliveries do not all come back
+/// at once.
+pub fn defer_delay(wait: Duration, deferrals: u32, rng: &mut impl Rng) -> Duration {
+    let floor = Duration::from_secs(1)
+        .saturating_mul(2u32.saturating_pow(deferrals.min(16)))
+        .min(Duration::from_secs(60));
+    let base = wait.max(floor);
+    let jitter_ms = u64::try_from(base.as_millis() / 2).unwrap_or(u64::MAX);
+    base + Duration::from_millis(rng.random_range(0..=jitter_ms))
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

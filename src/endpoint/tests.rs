@@ -1,0 +1,231 @@
+use super::*;
+use crate::policy::{BreakerPolicy, Signal};
+use rand::{rngs::StdRng, SeedableRng};
+
+fn url(s: &str) -> url::Url {
+    s.parse().unwrap()
+}
+
+fn endpoints(concurrency: usize, max_parked: usize) -> Endpoints {
+    let settings = EndpointSettings {
+        concurrency: Some(concurrency),
+        max_parked,
+        breaker: BreakerPolicy {
+            failures: 2,
+            open: Duration::from_millis(200),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Endpoints::new(settings, 32, Routes::default())
+}
+
+fn go(a: Admission) -> Pass {
+    match a {
+        Admission::Go(p) => p,
+        Admission::Park(_) => panic!("parked"),
+        Admission::Defer { reason, .. } => panic!("deferred: {reason:?}"),
+    }
+}
+
+#[test]
+fn the_endpoint_is_scheme_host_and_port() {
+    assert_eq!(
+        endpoint_key(&url("https://A.example/x?y")),
+        "https://a.example:443"
+    );
+    assert_eq!(
+        endpoint_key(&url("http://a.example:8080/")),
+        "http://a.example:8080"
+    );
+}
+
+#[tokio::test]
+async fn the_cap_parks_and_a_freed_permit_lets_the_parked_one_go() {
+    let e = endpoints(2, 8);
+    let (a, b) = (url("http://a.test/1"), url("http://b.test/1"));
+    let first = go(e.try_admit(&a));
+    let _second = go(e.try_admit(&a));
+    let parked = match e.try_admit(&a) {
+        Admission::Park(p) => p,
+        _ => panic!("the third to a full endpoint parks"),
+    };
+    // Another endpoint is not affected.
+    let _other = go(e.try_admit(&b));
+    let waiter = tokio::spawn(parked.wait());
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    first.finish(Signal::Alive);
+    assert!(matches!(waiter.await.unwrap(), Admission::Go(_)));
+}
+
+#[tokio::test]
+async fn no_parking_place_or_a_stalled_endpoint_defers() {
+    let e = endpoints(1, 0);
+    let a = url("http://a.test/");
+    let _held = go(e.try_admit(&a));
+    assert!(matches!(
+        e.try_admit(&a),
+        Admission::Defer {
+            reason: DeferReason::Busy,
+            ..
+        }
+    ));
+    let e = endpoints(1, 8);
+    let _held = go(e.try_admit(&a));
+    tokio::time::sleep(PARK_WAIT + Duration::from_millis(50)).await;
+    // Nothing finished for over a second: the next one is not parked.
+    assert!(matches!(
+        e.try_admit(&a),
+        Admission::Defer {
+            reason: DeferReason::Busy,
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn failures_open_the_breaker_and_deliveries_are_deferred_until_a_probe() {
+    let e = endpoints(4, 8);
+    let a = url("http://a.test/");
+    for _ in 0..2 {
+        go(e.try_admit(&a)).finish(Signal::Failure);
+    }
+    match e.try_admit(&a) {
+        Admission::Defer { wait, reason } => {
+            assert_eq!(reason, DeferReason::Open);
+            assert!(wait <= Duration::from_millis(200));
+        }
+        _ => panic!("an open breaker defers"),
+    }
+    tokio::time::sleep(Duration::from_millis(210)).await;
+    let probe = go(e.try_admit(&a));
+    assert!(probe.is_probe());
+    assert!(matches!(
+        e.try_admit(&a),
+        Admission::Defer {
+            reason: DeferReason::Probing,
+            ..
+        }
+    ));
+    probe.finish(Signal::Alive);
+    assert!(!go(e.try_admit(&a)).is_probe());
+}
+
+#[tokio::test]
+async fn a_dropped_probe_is_given_back() {
+    let e = endpoints(4, 8);
+    let a = url("http://a.test/");
+    for _ in 0..2 {
+        go(e.try_admit(&a)).finish(Signal::Failure);
+    }
+    tokio::time::sleep(Duration::from_millis(210)).await;
+    drop(go(e.try_admit(&a)));
+    assert!(go(e.try_admit(&a)).is_probe());
+}
+
+#[tokio::test]
+async fn a_rate_parks_short_waits_and_defers_long_ones() {
+    let settings = EndpointSettings {
+        rate: Some("4/s".parse().unwrap()),
+        ..Default::default()
+    };
+    let e = Endpoints::new(settings, 32, Routes::default());
+    let a = url("http://a.test/");
+    drop(go(e.try_admit(&a)));
+    let mut parked = vec![];
+    for _ in 0..5 {
+        match e.try_admit(&a) {
+            Admission::Park(p) => parked.push(tokio::spawn(p.wait())),
+            _ => panic!("a near turn parks"),
+        }
+    }
+    let start = Instant::now();
+    let mut ok = 0;
+    for p in parked {
+        match p.await.unwrap() {
+            Admission::Go(_) => ok += 1,
+            Admission::Defer { reason, .. } => assert_eq!(reason, DeferReason::Rate),
+            Admission::Park(_) => panic!("parked twice"),
+        }
+    }
+    // Turns at 250, 500, 750 and 1,000 ms; the 5th (1.25 s) is beyond
+    // PARK_WAIT and defers.
+    assert_eq!(ok, 4);
+    assert!(start.elapsed() >= Duration::from_millis(950));
+}
+
+#[tokio::test]
+async fn a_pause_defers_every_delivery_to_the_endpoint() {
+    let e = endpoints(4, 8);
+    let a = url("http://a.test/");
+    go(e.try_admit(&a)).finish(Signal::Pause(Duration::from_secs(2)));
+    match e.try_admit(&a) {
+        Admission::Defer { wait, reason } => {
+            assert_eq!(reason, DeferReason::Paused);
+            assert!(wait > Duration::from_millis(1900));
+        }
+        _ => panic!("a paused endpoint defers"),
+    }
+}
+
+#[tokio::test]
+async fn a_busy_endpoints_deferrals_are_spread_over_its_schedule() {
+    let e = endpoints(1, 0);
+    let a = url("http://a.test/");
+    // One attempt of 200 ms on record, then the endpoint is full.
+    let mut first = go(e.try_admit(&a));
+    first.start();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.finish(Signal::Alive);
+    let _held = go(e.try_admit(&a));
+    let waits: Vec<Duration> = (0..4)
+        .map(|_| match e.try_admit(&a) {
+            Admission::Defer { wait, reason } => {
+                assert_eq!(reason, DeferReason::Busy);
+                wait
+            }
+            _ => panic!("no parking place: deferred"),
+        })
+        .collect();
+    // Each one a place further on: about the 200 ms an attempt takes.
+    for w in waits.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(
+            gap >= Duration::from_millis(190) && gap <= Duration::from_millis(260),
+            "{gap:?}"
+        );
+    }
+    assert!(waits[0] >= PARK_WAIT);
+}
+
+#[test]
+fn the_least_recently_used_endpoints_are_forgotten() {
+    let settings = EndpointSettings {
+        max_endpoints: 10,
+        ..Default::default()
+    };
+    let e = Endpoints::new(settings, 32, Routes::default());
+    for i in 0..100 {
+        drop(go(e.try_admit(&url(&format!("http://h{i}.test/")))));
+    }
+    assert!(e.map.lock().unwrap().len() <= 10);
+}
+
+#[test]
+fn defer_delays_grow_with_deferrals_and_keep_the_wait() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let ms = Duration::from_millis;
+    for (wait, deferrals, lo) in [
+        (ms(0), 0, 1_000),
+        (ms(0), 3, 8_000),
+        (ms(5_000), 0, 5_000),
+        (ms(0), 30, 60_000),
+    ] {
+        let d = defer_delay(wait, deferrals, &mut rng);
+        assert!(
+            d >= ms(lo) && d <= ms(lo * 3 / 2),
+            "{wait:?} x{deferrals}: {d:?}"
+        );
+    }
+}

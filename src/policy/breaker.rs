@@ -1,0 +1,274 @@
+//! The per-endpoint circuit breaker, pure: what an attempt says about its
+//! endpoint ([`signal`]), and the breaker's state machine ([`Breaker`]).
+//! The caller passes the clock in; `crate::endpoint` holds one per
+//! endpoint and carries its answers out.
+//!
+//! - **Closed**: attempts go through. It opens after `failures`
+//!   consecutive failures (connect errors, timeouts, 5xx), or when at
+//!   least `ratio` of the attempts in a `window` failed, once that window
+//!   saw `min_requests`.
+//! - **Open** for `open`, doubled each time a probe fails, up to
+//!   `max_open`: no attempt goes to the endpoint.
+//! - **Half-open**: up to `probes` attempts at once go through. A success
+//!   closes the breaker; a failure opens it again, for longer.
+//!
+//! Apart from the state, a 429, or a 503 with `Retry-After`, **pauses**
+//! the endpoint for that long (a 429 without one for [`DEFAULT_PAUSE`]):
+//! the receiver said when to come back.
+
+use std::time::{Duration, Instant};
+
+use super::classify::AttemptResult;
+
+/// How long a 429 without `Retry-After` pauses its endpoint.
+pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
+
+/// The breaker's settings (flags `--breaker-*`, or a `[[route]]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BreakerPolicy {
+    /// Consecutive failures that open it; 0 turns the breaker off (pauses
+    /// for `Retry-After` still apply).
+    pub failures: u32,
+    /// The failure ratio in one window that opens it.
+    pub ratio: f64,
+    pub window: Duration,
+    /// Attempts a window needs before its ratio counts.
+    pub min_requests: u32,
+    /// How long it first stays open.
+    pub open: Duration,
+    /// The longest it stays open after repeated failed probes.
+    pub max_open: Duration,
+    /// Attempts let through at once while half-open.
+    pub probes: u32,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        BreakerPolicy {
+            failures: 10,
+            ratio: 0.7,
+            window: Duration::from_secs(30),
+            min_requests: 20,
+            open: Duration::from_secs(5),
+            max_open: Duration::from_secs(300),
+            probes: 1,
+        }
+    }
+}
+
+impl BreakerPolicy {
+    pub fn enabled(&self) -> bool {
+        self.failures > 0
+    }
+}
+
+/// What one attempt says about its endpoint (not about the notification:
+/// that is `classify`'s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// It answered: any status but 5xx and 429 (a 404 is the receiver's
+    /// answer, not an outage).
+    Alive,
+    /// No answer (connect error, timeout, TLS) or a 5xx.
+    Failure,
+    /// 429, or 503 with `Retry-After`: come back after this long.
+    Pause(Duration),
+    /// Nothing about the endpoint (an address the worker refused).
+    Nothing,
+}
+
+pub fn signal(result: &AttemptResult) -> Signal {
+    match result {
+        AttemptResult::Failed { .. } => Signal::Failure,
+        AttemptResult::Refused { .. } => Signal::Nothing,
+        AttemptResult::Response {
+            status: 429,
+            retry_after,
+            ..
+        } => Signal::Pause(retry_after.unwrap_or(DEFAULT_PAUSE)),
+        AttemptResult::Response {
+            status: 503,
+            retry_after: Some(ra),
+            ..
+        } => Signal::Pause(*ra),
+        AttemptResult::Response { status, .. } if *status >= 500 => Signal::Failure,
+        AttemptResult::Response { .. } => Signal::Alive,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { probing: u32 },
+}
+
+/// Whether an attempt may go to the endpoint now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Pass,
+    /// Half-open: this attempt is a probe; report its result.
+    Probe,
+    /// Not before this long: the breaker is open, the endpoint paused, or
+    /// its probes are all out.
+    Wait(Duration, WaitReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitReason {
+    Open,
+    Paused,
+    Probing,
+}
+
+/// A change of state worth one log line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    Opened { for_: Duration, reason: String },
+    Closed,
+}
+
+#[derive(Clone, Debug)]
+pub struct Breaker {
+    state: State,
+    consecutive: u32,
+    /// Start, attempts and failures of the current window.
+    window: (Instant, u32, u32),
+    /// Openings since it last closed: each doubles the open time.
+    trips: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Breaker {
+    pub fn new(now: Instant) -> Self {
+        Breaker {
+            state: State::Closed,
+            consecutive: 0,
+            window: (now, 0, 0),
+            trips: 0,
+            paused_until: None,
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Asks to attempt now; a `Probe` answer is counted until reported
+    /// ([`Breaker::record`]) or given back ([`Breaker::release_probe`]).
+    /// `take`: false only looks, taking no probe.
+    pub fn gate(&mut self, now: Instant, p: &BreakerPolicy, take: bool) -> Gate {
+        if let Some(until) = self.paused_until.filter(|u| *u > now) {
+            return Gate::Wait(until - now, WaitReason::Paused);
+        }
+        if let State::Open { until } = self.state {
+            if now < until {
+                return Gate::Wait(until - now, WaitReason::Open);
+            }
+            self.state = State::HalfOpen { probing: 0 };
+        }
+        match self.state {
+            State::HalfOpen { probing } if probing >= p.probes.max(1) => {
+                // Ask again after a fraction of the open time: a probe is
+                // under way and will settle it.
+                Gate::Wait(p.open / 2, WaitReason::Probing)
+            }
+            State::HalfOpen { probing } if take => {
+                self.state = State::HalfOpen {
+                    probing: probing + 1,
+                };
+                Gate::Probe
+            }
+            State::HalfOpen { .. } => Gate::Probe,
+            _ => Gate::Pass,
+        }
+    }
+
+    /// A probe that was taken but not attempted (shut down, deferred).
+    pub fn release_probe(&mut self) {
+        if let State::HalfOpen { probing } = &mut self.state {
+            *probing = probing.saturating_sub(1);
+        }
+    }
+
+    /// Records an attempt's signal; `probe`: it was let through as one.
+    pub fn record(
+        &mut self,
+        now: Instant,
+        p: &BreakerPolicy,
+        signal: Signal,
+        probe: bool,
+    ) -> Option<Transition> {
+        if probe {
+            self.release_probe();
+        }
+        match signal {
+            Signal::Nothing => None,
+            Signal::Pause(d) => {
+                let until = now + d.min(p.max_open);
+                self.paused_until = Some(self.paused_until.map_or(until, |u| u.max(until)));
+                self.alive(now, p)
+            }
+            Signal::Alive => self.alive(now, p),
+            Signal::Failure if !p.enabled() => None,
+            Signal::Failure => self.failure(now, p),
+        }
+    }
+
+    /// Starts a new window when the current one is over.
+    fn roll(&mut self, now: Instant, p: &BreakerPolicy) {
+        if now.duration_since(self.window.0) >= p.window {
+            self.window = (now, 0, 0);
+        }
+    }
+
+    fn alive(&mut self, now: Instant, p: &BreakerPolicy) -> Option<Transition> {
+        self.consecutive = 0;
+        self.roll(now, p);
+        self.window.1 += 1;
+        let was_half_open = matches!(self.state, State::HalfOpen { .. });
+        if was_half_open {
+            self.state = State::Closed;
+            self.trips = 0;
+            return Some(Transition::Closed);
+        }
+        None
+    }
+
+    fn failure(&mut self, now: Instant, p: &BreakerPolicy) -> Option<Transition> {
+        self.consecutive += 1;
+        self.roll(now, p);
+        self.window.1 += 1;
+        self.window.2 += 1;
+        let (_, requests, failed) = self.window;
+        let reason = match self.state {
+            State::Open { .. } => return None,
+            State::HalfOpen { .. } => "a probe failed".to_string(),
+            State::Closed if self.consecutive >= p.failures => {
+                format!("{} consecutive failures", self.consecutive)
+            }
+            State::Closed
+                if requests >= p.min_requests
+                    && f64::from(failed) >= p.ratio * f64::from(requests) =>
+            {
+                format!("{failed} of {requests} attempts failed")
+            }
+            State::Closed => return None,
+        };
+        self.trips += 1;
+        let for_ = open_for(p, self.trips);
+        self.state = State::Open { until: now + for_ };
+        self.window = (now, 0, 0);
+        Some(Transition::Opened { for_, reason })
+    }
+}
+
+/// `open`, doubled for each trip after the first, capped at `max_open`.
+fn open_for(p: &BreakerPolicy, trips: u32) -> Duration {
+    let factor = 2u32.saturating_pow(trips.saturating_sub(1).min(20));
+    p.open.saturating_mul(factor).min(p.max_open.max(p.open))
+}
+
+#[cfg(test)]
+#[path = "breaker_tests.rs"]
+mod tests;

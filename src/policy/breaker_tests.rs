@@ -1,0 +1,215 @@
+use super::*;
+
+fn policy() -> BreakerPolicy {
+    BreakerPolicy {
+        failures: 3,
+        ratio: 0.5,
+        window: Duration::from_secs(10),
+        min_requests: 10,
+        open: Duration::from_secs(1),
+        max_open: Duration::from_secs(4),
+        probes: 1,
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
+    AttemptResult::Response {
+        status,
+        body: String::new(),
+        retry_after: retry_after.map(Duration::from_secs),
+    }
+}
+
+#[test]
+fn signals_say_what_an_attempt_tells_about_the_endpoint() {
+    let failed = AttemptResult::Failed {
+        error: "timeout".into(),
+    };
+    assert_eq!(signal(&failed), Signal::Failure);
+    assert_eq!(signal(&resp(500, None)), Signal::Failure);
+    assert_eq!(signal(&resp(503, None)), Signal::Failure);
+    assert_eq!(signal(&resp(503, Some(7))), Signal::Pause(secs(7.0)));
+    assert_eq!(signal(&resp(429, Some(2))), Signal::Pause(secs(2.0)));
+    assert_eq!(signal(&resp(429, None)), Signal::Pause(DEFAULT_PAUSE));
+    for alive in [200, 204, 302, 400, 404, 410] {
+        assert_eq!(signal(&resp(alive, None)), Signal::Alive, "{alive}");
+    }
+    let refused = AttemptResult::Refused { error: "x".into() };
+    assert_eq!(signal(&refused), Signal::Nothing);
+}
+
+#[test]
+fn consecutive_failures_open_it_and_a_success_resets_the_count() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+    assert_eq!(b.record(t0, &p, Signal::Alive, false), None);
+    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+    let opened = b.record(t0, &p, Signal::Failure, false);
+    assert_eq!(
+        opened,
+        Some(Transition::Opened {
+            for_: secs(1.0),
+            reason: "3 consecutive failures".into()
+        })
+    );
+    assert_eq!(
+        b.gate(t0 + secs(0.25), &p, true),
+        Gate::Wait(secs(0.75), WaitReason::Open)
+    );
+}
+
+#[test]
+fn a_failure_ratio_over_the_window_opens_it() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    // Alternating: never 3 in a row, but half of 10 failed.
+    for i in 0..9 {
+        let s = if i % 2 == 0 {
+            Signal::Alive
+        } else {
+            Signal::Failure
+        };
+        assert_eq!(b.record(t0, &p, s, false), None, "attempt {i}");
+    }
+    let t = b.record(t0, &p, Signal::Failure, false);
+    assert!(
+        matches!(t, Some(Transition::Opened { ref reason, .. }) if reason == "5 of 10 attempts failed")
+    );
+}
+
+#[test]
+fn the_window_forgets_old_attempts() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    for i in 0..9 {
+        let s = if i % 2 == 0 {
+            Signal::Alive
+        } else {
+            Signal::Failure
+        };
+        b.record(t0, &p, s, false);
+    }
+    // Eleven seconds later the window is new: one failure is not a ratio.
+    assert_eq!(b.record(t0 + secs(11.0), &p, Signal::Failure, false), None);
+    assert_eq!(b.state(), State::Closed);
+}
+
+fn opened(p: &BreakerPolicy, t0: Instant) -> Breaker {
+    let mut b = Breaker::new(t0);
+    for _ in 0..p.failures {
+        b.record(t0, p, Signal::Failure, false);
+    }
+    assert!(matches!(b.state(), State::Open { .. }));
+    b
+}
+
+#[test]
+fn half_open_lets_one_probe_through_and_a_success_closes_it() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = opened(&p, t0);
+    let t1 = t0 + secs(1.0);
+    assert_eq!(b.gate(t1, &p, false), Gate::Probe, "looking takes no probe");
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    assert_eq!(
+        b.gate(t1, &p, true),
+        Gate::Wait(secs(0.5), WaitReason::Probing),
+        "one probe at a time"
+    );
+    let t = b.record(t1 + secs(0.1), &p, Signal::Alive, true);
+    assert_eq!(t, Some(Transition::Closed));
+    assert_eq!(b.gate(t1 + secs(0.1), &p, true), Gate::Pass);
+}
+
+#[test]
+fn failed_probes_double_the_open_time_up_to_the_cap() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = opened(&p, t0);
+    let mut now = t0;
+    let mut opens = vec![];
+    for _ in 0..4 {
+        now = match b.state() {
+            State::Open { until } => until,
+            s => panic!("not open: {s:?}"),
+        };
+        assert_eq!(b.gate(now, &p, true), Gate::Probe);
+        match b.record(now, &p, Signal::Failure, true) {
+            Some(Transition::Opened { for_, reason }) => {
+                assert_eq!(reason, "a probe failed");
+                opens.push(for_.as_secs());
+            }
+            t => panic!("expected an opening, got {t:?}"),
+        }
+    }
+    assert_eq!(opens, [2, 4, 4, 4]);
+    // A success closes it, and the next opening is short again.
+    let until = match b.state() {
+        State::Open { until } => until,
+        s => panic!("not open: {s:?}"),
+    };
+    assert_eq!(b.gate(until, &p, true), Gate::Probe);
+    assert_eq!(
+        b.record(until, &p, Signal::Alive, true),
+        Some(Transition::Closed)
+    );
+    let mut again = None;
+    for _ in 0..3 {
+        again = b.record(until, &p, Signal::Failure, false);
+    }
+    assert!(matches!(again, Some(Transition::Opened { for_, .. }) if for_ == secs(1.0)));
+}
+
+#[test]
+fn a_released_probe_lets_the_next_one_through() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = opened(&p, t0);
+    let t1 = t0 + secs(1.0);
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    b.release_probe();
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+}
+
+#[test]
+fn retry_after_pauses_the_endpoint_without_opening_it() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    assert_eq!(b.record(t0, &p, Signal::Pause(secs(2.0)), false), None);
+    assert_eq!(
+        b.gate(t0 + secs(0.5), &p, true),
+        Gate::Wait(secs(1.5), WaitReason::Paused)
+    );
+    assert_eq!(b.gate(t0 + secs(2.0), &p, true), Gate::Pass);
+    assert_eq!(b.state(), State::Closed);
+    // A pause is capped by max_open, so a hostile Retry-After cannot
+    // silence an endpoint for a day.
+    b.record(t0, &p, Signal::Pause(secs(86_400.0)), false);
+    assert_eq!(
+        b.gate(t0, &p, true),
+        Gate::Wait(secs(4.0), WaitReason::Paused)
+    );
+}
+
+#[test]
+fn turned_off_it_never_opens_but_still_pauses() {
+    let p = BreakerPolicy {
+        failures: 0,
+        ..policy()
+    };
+    let t0 = Instant::now();
+    let mut b = Breaker::new(t0);
+    for _ in 0..100 {
+        assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+    }
+    assert_eq!(b.gate(t0, &p, true), Gate::Pass);
+    b.record(t0, &p, Signal::Pause(secs(1.0)), false);
+    assert!(matches!(
+        b.gate(t0, &p, true),
+        Gate::Wait(_, WaitReason::Paused)
+    ));
+}

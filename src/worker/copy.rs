@@ -1,0 +1,126 @@
+//! The copies a delivery may need before its ack, each confirmed by the
+//! broker: a retry (through the delay backend), a deferral (the same path,
+//! but no attempt was made) or a dead letter.
+
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::types::FieldTable;
+use tracing::{debug, warn};
+
+use super::process::{Context, Done, HttpSpan};
+use crate::clock::now_ms;
+use crate::endpoint::{defer_delay, DeferReason};
+use crate::message::state::{self, AttemptRecord, RetryState};
+use crate::message::InvalidMessage;
+use crate::policy::{Action, DeadReason, Decision};
+use crate::publish::{republish_properties, PublishError};
+use crate::telemetry::{self, GaugeGuard};
+
+/// Publishes what the decision needs (a retry copy or a dead letter) and
+/// waits for its confirm. The history travels only with a copy; a success
+/// needs none.
+pub(super) async fn copy<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut st: RetryState,
+    decision: &Decision,
+    record: AttemptRecord<'_>,
+    span: HttpSpan,
+) -> Result<Done, PublishError> {
+    let mut headers = || {
+        st.record(&record);
+        st.to_headers(d.properties.headers().as_ref(), Some(&decision.classified))
+    };
+    match decision.action {
+        Action::Ack => Ok(Done::Ack(Some(span))),
+        Action::Retry { delay } => retry(ctx, d, headers(), delay).await,
+        Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
+            .await
+            .map(|()| Done::Ack(None)),
+    }
+}
+
+async fn retry<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    headers: FieldTable,
+    delay: Duration,
+) -> Result<Done, PublishError> {
+    let copy = ctx
+        .publisher
+        .retry(&d.data, d.properties.clone(), headers, delay);
+    let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
+    copy.await.map(|()| Done::Retried)
+}
+
+/// Republishes a delivery its endpoint cannot take now, unattempted, to
+/// come back after [`defer_delay`]: the attempt count and history stay as
+/// they are, `redeliver-deferrals` goes up by one. Confirmed before the
+/// ack, like a retry, and held for `--retry-settle` like one.
+pub(super) async fn defer<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut st: RetryState,
+    id: &str,
+    wait: Duration,
+    reason: DeferReason,
+) -> Result<Done, PublishError> {
+    let delay = defer_delay(wait, st.deferrals, &mut rand::rng());
+    st.id = Some(id.to_string());
+    st.defer(now_ms());
+    debug!(
+        id,
+        reason = reason.as_str(),
+        deferrals = st.deferrals,
+        delay_ms = delay.as_millis() as u64,
+        "deferred without an attempt"
+    );
+    let headers = st.to_headers(d.properties.headers().as_ref(), None);
+    retry(ctx, d, headers, delay).await
+}
+
+/// Invalid messages keep their original bytes and headers, plus the reason.
+pub(super) async fn dead_letter_invalid<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    e: &InvalidMessage,
+) -> Result<(), PublishError> {
+    warn!(error = %e, "invalid message; dead-lettering it");
+    telemetry::record_invalid();
+    let mut headers = d.properties.headers().clone().unwrap_or_default();
+    state::set_last(&mut headers, None, Some(&e.to_string()));
+    dead_letter(ctx, d, headers, DeadReason::Invalid).await
+}
+
+/// Dead-letters a notification past its max age without attempting it
+/// again; its history is kept as it was.
+pub(super) async fn dead_letter_expired<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    st: &RetryState,
+    id: &str,
+) -> Result<Done, PublishError> {
+    warn!(
+        id,
+        attempts = st.attempts,
+        "past its max age; dead-lettering it as expired"
+    );
+    telemetry::record_expired();
+    let headers = st.to_headers(d.properties.headers().as_ref(), None);
+    dead_letter(ctx, d, headers, DeadReason::Expired)
+        .await
+        .map(|()| Done::Ack(None))
+}
+
+async fn dead_letter<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut headers: FieldTable,
+    reason: DeadReason,
+) -> Result<(), PublishError> {
+    state::mark_dead(&mut headers, reason.as_str(), now_ms());
+    let props = republish_properties(&d.properties, headers);
+    let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
+    ctx.publisher.dead_letter(&d.data, props).await
+}
