@@ -3,7 +3,7 @@
 //! it deletes the prefix's queues and exchanges, also when the test fails.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::types::FieldTable;
 use redeliver::config::{AmqpUrl, BrokerSettings, WorkerSettings};
@@ -12,11 +12,15 @@ use redeliver::topology::{QueueType, Topology};
 use redeliver::HttpDeliverer;
 use tokio_util::sync::CancellationToken;
 
-use super::harness::{self, DeadLetter, Holder, Worker};
+use super::harness::{self, DeadLetter, Holder, Running, Worker};
 
 /// How long dropping a [`TestApp`] may take to delete its prefix (a
 /// cascade prefix is 120 quorum queues) before it gives up.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long dropping a [`TestApp`] waits for the workers it cancels to end
+/// (they run on the test's runtime, which may be a single thread: blocked).
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A test's own prefix on a broker, with the delay backend its workers,
 /// publishes and CLI calls use. Deletes the prefix when dropped.
@@ -26,7 +30,7 @@ pub struct TestApp {
     pub backend: DelayBackend,
     /// Workers and holders started through the app, stopped before the
     /// prefix is deleted so none re-declares it.
-    tokens: Mutex<Vec<CancellationToken>>,
+    tasks: Mutex<Vec<(CancellationToken, Running)>>,
     /// Queues and exchanges outside the prefix's topology to delete too.
     extra: Mutex<(Vec<String>, Vec<String>)>,
 }
@@ -48,7 +52,7 @@ impl TestApp {
             url: url.to_string(),
             prefix: super::prefix(&format!("{}-{test}", backend.as_str())),
             backend,
-            tokens: Mutex::new(vec![]),
+            tasks: Mutex::new(vec![]),
             extra: Mutex::new((vec![], vec![])),
         }
     }
@@ -88,7 +92,7 @@ impl TestApp {
         handler: impl redeliver::DeliveryHandler,
     ) -> Worker {
         let w = Worker::spawn(self.broker(), settings, handler);
-        self.track(&w.token);
+        self.track(&w.token, w.running());
         w
     }
 
@@ -96,13 +100,13 @@ impl TestApp {
     /// work queue themselves but need the cascade's short delays held.
     pub fn spawn_holder(&self) -> Holder {
         let h = Holder::spawn(&self.broker());
-        self.track(h.token());
+        self.track(h.token(), h.running());
         h
     }
 
-    fn track(&self, token: &CancellationToken) {
-        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        tokens.push(token.clone());
+    fn track(&self, token: &CancellationToken, running: &Running) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.push((token.clone(), running.clone()));
     }
 
     /// Publishes notifications (JSON objects or their exact text) through
@@ -139,13 +143,16 @@ impl TestApp {
     /// Drains the dead-letter queue until it has given at least `n` (about
     /// 10 s at most), returning what it gave.
     pub async fn wait_dead(&self, n: usize) -> Vec<DeadLetter> {
-        let mut dead = vec![];
-        harness::wait_until_async(Duration::from_secs(10), async || {
+        // A loop, not `wait_until_async`: its async closure would make this
+        // future not provably `Send`, so unusable in `tokio::spawn`.
+        let (mut dead, deadline) = (vec![], Instant::now() + Duration::from_secs(10));
+        loop {
             dead.extend(self.drain_dead().await);
-            dead.len() >= n
-        })
-        .await;
-        dead
+            if dead.len() >= n || Instant::now() > deadline {
+                return dead;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Ready messages in `<prefix>.<suffix>` (passive declare); panics when
@@ -163,12 +170,17 @@ impl TestApp {
 
     /// Waits (up to 15 s) until `<prefix>.<suffix>` has `n` consumers or more.
     pub async fn wait_consumer_count(&self, suffix: &str, n: u32) -> bool {
-        let queue = self.name(suffix);
-        harness::wait_until_async(Duration::from_secs(15), async || {
+        let (queue, deadline) = (self.name(suffix), Instant::now() + Duration::from_secs(15));
+        loop {
             let counts = harness::queue_counts(&self.url, &queue).await;
-            counts.is_some_and(|(_, c)| c >= n)
-        })
-        .await
+            if counts.is_some_and(|(_, c)| c >= n) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The binary with `--amqp-url`, `--prefix` and `--delay-backend` set.
@@ -189,24 +201,37 @@ impl TestApp {
 }
 
 impl Drop for TestApp {
-    /// Deletes the prefix's queues and exchanges of both backends, on a
-    /// thread of its own with its own runtime (this may run on a runtime's
-    /// worker, or while a panic unwinds), and never panics.
+    /// Stops the workers and holders still running, then deletes the
+    /// prefix's queues and exchanges of both backends, on a thread of its
+    /// own with its own runtime (this may run on a runtime's worker, or
+    /// while a panic unwinds), and never panics.
     fn drop(&mut self) {
-        let tokens = std::mem::take(&mut *self.tokens.lock().unwrap_or_else(|e| e.into_inner()));
-        tokens.iter().for_each(CancellationToken::cancel);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         let extra = std::mem::take(&mut *self.extra.lock().unwrap_or_else(|e| e.into_inner()));
         let (url, prefix) = (self.url.clone(), self.prefix.clone());
         let cleaner = std::thread::spawn(move || {
+            stop(&tasks);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
             if let Ok(rt) = rt {
+                // The timer is made inside the runtime: outside, it panics.
                 let deleted = delete_prefix(&url, &prefix, &extra);
-                let _ = rt.block_on(tokio::time::timeout(CLEANUP_TIMEOUT, deleted));
+                let _ = rt.block_on(async { tokio::time::timeout(CLEANUP_TIMEOUT, deleted).await });
             }
         });
         let _ = cleaner.join();
+    }
+}
+
+/// Cancels the tasks and waits (a while) for them to end. From a thread
+/// outside the runtime, so the wake-ups go to its shared queue, which every
+/// worker takes from, not to this (blocked) worker's own slot.
+fn stop(tasks: &[(CancellationToken, Running)]) {
+    tasks.iter().for_each(|(token, _)| token.cancel());
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while tasks.iter().any(|(_, r)| r.is_running()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

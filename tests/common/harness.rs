@@ -1,6 +1,7 @@
 //! What [`super::app::TestApp`] builds on: in-process workers and holders,
 //! publishing, dead letters, queue counts, and waiting on conditions.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
@@ -9,14 +10,25 @@ use lapin::BasicProperties;
 use redeliver::config::{AmqpUrl, BrokerSettings, WorkerSettings};
 use redeliver::policy::{parse_schedule, Backoff, RetryPolicy};
 use tokio::task::JoinHandle;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
-/// A `redeliver::run` task; cancelled when dropped (a failed test's worker
-/// does not outlive it), stopped and checked with [`Worker::stop`].
+/// A `redeliver::run` task, stopped and checked with [`Worker::stop`]; the
+/// [`super::TestApp`] that started it stops it when a test fails first.
 pub struct Worker {
     pub token: CancellationToken,
     pub join: JoinHandle<Result<(), redeliver::worker::WorkerError>>,
-    _cancel_on_drop: DropGuard,
+    running: Running,
+}
+
+/// Held by a spawned task until it ends: the task runs while a clone is
+/// alive beyond this one.
+#[derive(Clone, Default)]
+pub struct Running(Arc<()>);
+
+impl Running {
+    pub fn is_running(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
+    }
 }
 
 impl Worker {
@@ -25,15 +37,21 @@ impl Worker {
         settings: WorkerSettings,
         handler: impl redeliver::DeliveryHandler,
     ) -> Worker {
-        let token = CancellationToken::new();
-        let t = token.clone();
-        let join = tokio::spawn(async move { redeliver::run(&b, settings, handler, t).await });
-        let _cancel_on_drop = token.clone().drop_guard();
+        let (token, running) = (CancellationToken::new(), Running::default());
+        let (t, r) = (token.clone(), running.clone());
+        let join = tokio::spawn(async move {
+            let _running = r;
+            redeliver::run(&b, settings, handler, t).await
+        });
         Worker {
             token,
             join,
-            _cancel_on_drop,
+            running,
         }
+    }
+
+    pub fn running(&self) -> &Running {
+        &self.running
     }
 
     pub async fn stop(self) {
@@ -46,28 +64,34 @@ impl Worker {
 }
 
 /// A `redeliver::delay::hold::run` task, for tests that consume the work queue
-/// themselves but need the cascade's short delays held. Cancelled when dropped.
+/// themselves but need the cascade's short delays held.
 pub struct Holder {
     token: CancellationToken,
     join: JoinHandle<Result<(), redeliver::delay::hold::HoldError>>,
-    _cancel_on_drop: DropGuard,
+    running: Running,
 }
 
 impl Holder {
     pub fn spawn(b: &BrokerSettings) -> Holder {
-        let (b, token) = (b.clone(), CancellationToken::new());
-        let t = token.clone();
-        let join = tokio::spawn(async move { redeliver::delay::hold::run(&b, t).await });
-        let _cancel_on_drop = token.clone().drop_guard();
+        let (b, token, running) = (b.clone(), CancellationToken::new(), Running::default());
+        let (t, r) = (token.clone(), running.clone());
+        let join = tokio::spawn(async move {
+            let _running = r;
+            redeliver::delay::hold::run(&b, t).await
+        });
         Holder {
             token,
             join,
-            _cancel_on_drop,
+            running,
         }
     }
 
     pub fn token(&self) -> &CancellationToken {
         &self.token
+    }
+
+    pub fn running(&self) -> &Running {
+        &self.running
     }
 
     /// Stops it and returns how it ended.
