@@ -134,6 +134,7 @@ async fn permanent_status_is_dead_after_one_attempt(backend: DelayBackend) {
     app.publish(&[json!({"url": rx.url("/")})]).await;
     assert!(wait_until(WAIT, || rx.count() == 1).await);
     let mut dead = app.wait_dead(1).await;
+    assert!(!dead.is_empty(), "dead-lettered within 10 s");
     assert_quiet_for(ms(500), "requests", || rx.count()).await;
     w.stop().await;
     assert_eq!(rx.count(), 1);
