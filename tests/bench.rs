@@ -4,14 +4,15 @@
 
 mod common;
 
-use common::broker_url;
+use common::TestApp;
+use redeliver::delay::DelayBackend;
 
 #[test]
 fn quick_bench_runs_every_phase() {
-    let url = broker_url();
-    let json = std::env::temp_dir().join(format!("{}.json", common::prefix("bench")));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(["--amqp-url", &url, "--prefix", &common::prefix("bench")])
+    let app = TestApp::new("bench", DelayBackend::Plugin);
+    let json = std::env::temp_dir().join(format!("{}.json", app.prefix));
+    let out = app
+        .command()
         .args(["bench", "--quick", "--json"])
         .arg(&json)
         .output()

@@ -3,17 +3,18 @@
 //! and of held delays under a worker `kill -9`, isolation between
 //! prefixes, and `status` per queue. The cascade needs no plugin: the status test runs
 //! on the plain system broker, the others on the test node or a private
-//! node (see `common::url_for` for why).
+//! node (see `common::TestApp::new` for why).
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+use common::chaos::Fleet;
 use common::delayed::OwnNode;
 use common::harness::*;
 use common::receiver::{Receiver, Reply};
-use common::{plain_broker_url, prefix_on};
+use common::{plain_broker_url, TestApp};
 use futures_util::StreamExt;
 use redeliver::config::BrokerSettings;
 use redeliver::delay::DelayBackend;
@@ -117,8 +118,8 @@ fn accuracy_delays() -> Vec<u64> {
 }
 
 async fn accuracy(backend: DelayBackend) {
-    let (url, p) = (common::url_for(backend), prefix_on("accuracy", backend));
-    let b = broker(&url, &p);
+    let app = TestApp::new("accuracy", backend);
+    let b = app.broker();
     let ms = accuracy_delays();
     let delays: Vec<Duration> = ms.iter().map(|&m| Duration::from_millis(m)).collect();
     // The consumer runs before the first publish, so arrival is arrival.
@@ -130,14 +131,16 @@ async fn accuracy(backend: DelayBackend) {
         tokio::spawn(async move { collect_work(&b2, n, Duration::from_secs(60)).await });
     // The work queue is the collector's, so the cascade's short delays get
     // a holder of their own rather than a worker's.
-    let holder = (backend == CASCADE).then(|| Holder::spawn(&b));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holder = (backend == CASCADE).then(|| app.spawn_holder());
+    assert!(app.wait_consumers("work").await, "the collector consumes");
+    if holder.is_some() {
+        assert!(app.wait_consumers("cascade.hold").await, "the holder holds");
+    }
     let started = publish_delayed(&b, &delays).await;
     let seen = collector.await.unwrap();
     if let Some(h) = holder {
         h.stop().await.expect("the holder ran until stopped");
     }
-    cleanup(&url, &p).await;
     assert_eq!(seen.len(), delays.len(), "every delayed message arrived");
     let mut groups: BTreeMap<String, Vec<i128>> = BTreeMap::new();
     let mut early = vec![];
@@ -189,8 +192,8 @@ async fn accuracy(backend: DelayBackend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cascade_survives_a_broker_kill() {
     let (node, url) = OwnNode::up(5692).await;
-    let p = prefix_on("crash", CASCADE);
-    let b = broker(&url, &p);
+    let app = TestApp::on(&url, "crash", CASCADE);
+    let b = app.broker();
     // 2,000 in the stages, then 200 short ones in the hold queue.
     let delays: Vec<Duration> = (0..2200)
         .map(|i| match i {
@@ -202,10 +205,11 @@ async fn cascade_survives_a_broker_kill() {
     node.ctl(&["kill"]).await;
     node.ctl(&["up"]).await;
     let restarted = Instant::now();
-    let holder = Holder::spawn(&b);
+    let holder = app.spawn_holder();
     let seen = collect_work(&b, delays.len(), Duration::from_secs(300)).await;
     println!("all arrived {:?} after the restart", restarted.elapsed());
     let held = holder.stop().await;
+    drop(app);
     node.down().await;
     held.expect("the holder ran until stopped");
     let missing: Vec<usize> = (0..delays.len())
@@ -225,12 +229,11 @@ async fn cascade_survives_a_broker_kill() {
 /// its delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn held_delays_survive_a_worker_kill() {
-    let (url, p) = (common::broker_url(), prefix_on("hold-kill", CASCADE));
-    let b = broker(&url, &p);
+    let app = TestApp::new("hold-kill", CASCADE);
+    let b = app.broker();
     let rx = Receiver::start(|_| Reply::status(200)).await;
-    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &["--delay-backend", "cascade"]);
-    let hold = format!("{p}.cascade.hold");
-    assert!(wait_consumers(&url, &hold).await, "the worker holds");
+    let mut fleet = Fleet::start(&app, 1, &[]);
+    assert!(app.wait_consumers("cascade.hold").await, "the worker holds");
     let delays = vec![Duration::from_millis(900); 300];
     let started = publish_delayed_to(&b, &rx.url("/"), &delays).await;
     let ids = || rx.requests().iter().map(|r| r.id()).collect::<HashSet<_>>();
@@ -238,7 +241,6 @@ async fn held_delays_survive_a_worker_kill() {
     fleet.kill9_and_restart(0);
     let all = wait_until(Duration::from_secs(30), || ids().len() >= delays.len()).await;
     fleet.stop();
-    cleanup(&url, &p).await;
     println!(
         "delivered before the kill: {before_kill}; after: {}",
         ids().len()
@@ -256,26 +258,29 @@ async fn held_delays_survive_a_worker_kill() {
 /// goes back to the hold queue to be released again by the next worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_graceful_stop_releases_held_delays_once() {
-    let (url, p) = (common::broker_url(), prefix_on("hold-stop", CASCADE));
-    let b = broker(&url, &p);
+    let app = TestApp::new("hold-stop", CASCADE);
+    let b = app.broker();
     let rx = Receiver::start(|_| Reply::status(200)).await;
-    let args = ["--delay-backend", "cascade"];
-    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &args);
-    let hold = format!("{p}.cascade.hold");
-    assert!(wait_consumers(&url, &hold).await, "the worker holds");
+    let mut fleet = Fleet::start(&app, 1, &[]);
+    assert!(app.wait_consumers("cascade.hold").await, "the worker holds");
     let delays = vec![Duration::from_millis(1000); 20];
     publish_delayed_to(&b, &rx.url("/"), &delays).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stop it once it holds all 20 (none ready in the hold queue; they
+    // are due 1 s after the publish).
+    let holding = wait_until_async(Duration::from_secs(5), async || {
+        app.queue_len("cascade.hold").await == 0
+    })
+    .await;
+    assert!(holding, "the worker took all 20 to hold");
     let stopped = fleet.stop();
-    let left_in_hold = queue_len(&url, &hold).await;
-    let mut fleet = common::chaos::Fleet::start(&url, &p, 1, &args);
+    let left_in_hold = app.queue_len("cascade.hold").await;
+    let mut fleet = Fleet::start(&app, 1, &[]);
     let all = wait_until(Duration::from_secs(20), || rx.count() >= delays.len()).await;
-    // Time for any second copy to arrive too.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    fleet.stop();
-    cleanup(&url, &p).await;
-    assert!(stopped.iter().all(|s| s.success()), "{stopped:?}");
     assert!(all, "{} of {} delivered", rx.count(), delays.len());
+    // Time for any second copy to arrive too.
+    assert_quiet_for(Duration::from_secs(3), "deliveries", || rx.count()).await;
+    fleet.stop();
+    assert!(stopped.iter().all(|s| s.success()), "{stopped:?}");
     assert_eq!(left_in_hold, 0, "nothing went back to the hold queue");
     assert_eq!(rx.count(), delays.len(), "each delivered once");
 }
@@ -283,23 +288,25 @@ async fn a_graceful_stop_releases_held_delays_once() {
 /// Two prefixes on one broker: each worker sees only its own retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prefixes_do_not_receive_each_others_retries() {
-    let url = common::broker_url();
-    let (pa, pb) = (prefix_on("iso-a", CASCADE), prefix_on("iso-b", CASCADE));
+    let (a, b) = (
+        TestApp::new("iso-a", CASCADE),
+        TestApp::new("iso-b", CASCADE),
+    );
     let fail_once =
         |r: &common::receiver::Recorded| Reply::status(if r.nth == 1 { 500 } else { 200 });
     let (ra, rb) = (
         Receiver::start(fail_once).await,
         Receiver::start(fail_once).await,
     );
-    let wa = spawn_worker(&url, &pa, schedule_settings("50ms,120ms", 3, 8));
-    let wb = spawn_worker(&url, &pb, schedule_settings("70ms,90ms", 3, 8));
+    let wa = a.spawn_worker(schedule_settings("50ms,120ms", 3, 8));
+    let wb = b.spawn_worker(schedule_settings("70ms,90ms", 3, 8));
     let batch = |rx: &Receiver, tag: &str| -> Vec<serde_json::Value> {
         (0..50)
             .map(|i| json!({"url": rx.url("/"), "id": format!("{tag}-{i}")}))
             .collect()
     };
-    publish(&url, &pa, &batch(&ra, "a")).await;
-    publish(&url, &pb, &batch(&rb, "b")).await;
+    a.publish(&batch(&ra, "a")).await;
+    b.publish(&batch(&rb, "b")).await;
     let done = wait_until(Duration::from_secs(30), || {
         ra.count() >= 100 && rb.count() >= 100
     })
@@ -308,27 +315,25 @@ async fn prefixes_do_not_receive_each_others_retries() {
     wb.stop().await;
     assert!(done, "a saw {}, b saw {}", ra.count(), rb.count());
     let ids = |rx: &Receiver| rx.requests().iter().map(|r| r.id()).collect::<HashSet<_>>();
-    let (a, b) = (ids(&ra), ids(&rb));
-    assert!(a.iter().all(|i| i.starts_with("a-")) && a.len() == 50);
-    assert!(b.iter().all(|i| i.starts_with("b-")) && b.len() == 50);
-    cleanup(&url, &pa).await;
-    cleanup(&url, &pb).await;
+    let (seen_a, seen_b) = (ids(&ra), ids(&rb));
+    assert!(seen_a.iter().all(|i| i.starts_with("a-")) && seen_a.len() == 50);
+    assert!(seen_b.iter().all(|i| i.starts_with("b-")) && seen_b.len() == 50);
 }
 
 /// On the plain system broker, which has no plugin at all: `status` shows
 /// how many messages wait in each queue of the cascade, and they arrive.
-/// (The only cascade on that broker: see `common::url_for`.)
+/// (The only cascade on that broker: see `common::TestApp::new`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_messages_per_queue() {
-    let (url, p) = (plain_broker_url(), prefix_on("levels", CASCADE));
-    let b = broker(&url, &p);
+    let app = TestApp::on(&plain_broker_url(), "levels", CASCADE);
+    let (b, p) = (app.broker(), &app.prefix);
     // 10 s = 0x2710 ms: its top digit is 2 at stage 3 (2 × 4,096 ms), so
     // it waits in `<prefix>.cascade.3.2` first. 500 ms waits in the hold
     // queue, for a worker (none runs yet).
     let ten = Duration::from_secs(10);
     publish_delayed(&b, &[ten, ten, Duration::from_millis(500)]).await;
     let s: serde_json::Value =
-        serde_json::from_str(&stdout(&cli(&url, &p, &["status", "--json"]))).unwrap();
+        serde_json::from_str(&stdout(&app.cli(&["status", "--json"]))).unwrap();
     assert_eq!(s["delay_backend"], "cascade");
     let queues = s["cascade"].as_array().unwrap();
     assert_eq!(queues.len(), 120);
@@ -342,7 +347,7 @@ async fn status_shows_messages_per_queue() {
         (&s["hold"]["ready"], &s["hold"]["consumers"]),
         (&1.into(), &0.into())
     );
-    let text = stdout(&cli(&url, &p, &["status"]));
+    let text = stdout(&app.cli(&["status"]));
     assert!(
         text.contains("cascade        2 waiting in 120 queues"),
         "{text}"
@@ -356,23 +361,17 @@ async fn status_shows_messages_per_queue() {
         text.contains("x-delayed-message not installed (not needed by the cascade)"),
         "no false alarm about the plugin: {text}"
     );
-    let holder = Holder::spawn(&b);
+    let holder = app.spawn_holder();
     let arrived = collect_work(&b, 3, Duration::from_secs(30)).await;
     holder.stop().await.expect("the holder ran until stopped");
-    cleanup(&url, &p).await;
     assert_eq!(arrived.len(), 3, "all left the cascade for the work queue");
 }
 
 /// Without the plugin, the error names the cascade as the alternative.
 #[tokio::test]
 async fn missing_plugin_error_names_the_cascade() {
-    let (url, p) = (plain_broker_url(), common::prefix("hint"));
-    let o = cli(
-        &url,
-        &p,
-        &["publish", "--url", "http://127.0.0.1:9/", "--delay", "1s"],
-    );
-    cleanup(&url, &p).await;
+    let app = TestApp::on(&plain_broker_url(), "hint", DelayBackend::Plugin);
+    let o = app.cli(&["publish", "--url", "http://127.0.0.1:9/", "--delay", "1s"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--delay-backend cascade"), "{err}");

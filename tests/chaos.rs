@@ -21,9 +21,10 @@ use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use common::chaos::*;
-use common::harness::cleanup;
+use common::harness::let_quorum_queues_age;
 use common::receiver::Receiver;
-use common::{ctl, prefix, DownWhenLast};
+use common::{ctl, DownWhenLast, TestApp};
+use redeliver::delay::DelayBackend;
 
 const N: usize = 5_000;
 const WORKERS: usize = 3;
@@ -64,30 +65,28 @@ fn worker_args(schedule: &str) -> Vec<String> {
 }
 
 /// Everything a scenario needs: node, receiver, preloaded load, fleet.
+/// The fleet comes first: fields drop in order, so its workers are gone
+/// before the app deletes the prefix.
 struct Setup {
-    url: String,
-    prefix: String,
+    fleet: Fleet,
+    app: TestApp,
     rx: Receiver,
     ids: Vec<String>,
-    fleet: Fleet,
     started: Instant,
 }
 
 async fn setup(name: &str, schedule: &str) -> Setup {
     let url = tokio::task::spawn_blocking(node_up).await.unwrap();
-    let prefix = prefix(name);
+    let app = TestApp::on(&url, name, DelayBackend::Plugin);
     let rx = Receiver::start(flaky).await;
     let load = load(&rx, N);
-    preload(&url, &prefix, &load).await;
-    // A quorum queue must be a few seconds old to survive a broker kill -9
-    // (RabbitMQ 3.10 persists its Ra registration lazily).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    preload(&app, &load).await;
+    let_quorum_queues_age().await;
     let args = worker_args(schedule);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let fleet = Fleet::start(&url, &prefix, WORKERS, &args);
+    let fleet = Fleet::start(&app, WORKERS, &args);
     Setup {
-        url,
-        prefix,
+        app,
         rx,
         ids: load.into_iter().map(|(id, _)| id).collect(),
         fleet,
@@ -97,7 +96,7 @@ async fn setup(name: &str, schedule: &str) -> Setup {
 
 /// Settles, stops the fleet, prints the figures and asserts the promise.
 async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
-    let t = settle(&s.url, &s.prefix, &s.ids, &s.rx, Duration::from_secs(240)).await;
+    let t = settle(&s.app, &s.ids, &s.rx, Duration::from_secs(240)).await;
     let elapsed = s.started.elapsed();
     let running = s.fleet.all_running();
     let statuses = tokio::task::spawn_blocking(move || {
@@ -127,7 +126,7 @@ async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
         WORKERS * CONCURRENCY,
         fleet.logs().display(),
     );
-    cleanup(&s.url, &s.prefix).await;
+    drop(s.app);
     assert!(
         t.lost.is_empty(),
         "lost: {:?}",
@@ -182,6 +181,7 @@ async fn chaos_worker_kills() {
     let mut s = setup("kill9", "50ms,100ms,200ms,500ms,1s").await;
     let mut kills = 0;
     while kills < 8 {
+        // The chaos's own pace, not a wait for something.
         tokio::time::sleep(Duration::from_millis(2500)).await;
         s.fleet.kill9_and_restart(kills % WORKERS);
         kills += 1;
@@ -200,6 +200,7 @@ async fn chaos_broker_restarts_and_kill() {
     let s = setup("broker", "50ms,100ms,200ms,500ms,1s").await;
     let mut rerouted = 0;
     for step in ["restart", "restart", "kill"] {
+        // Under load a while before each step: the chaos's own pace.
         tokio::time::sleep(Duration::from_secs(3)).await;
         tokio::task::spawn_blocking(move || {
             ctl(PORT, &[step]);
@@ -223,6 +224,7 @@ async fn chaos_receiver_outage() {
     let _one = ONE_AT_A_TIME.lock().await;
     let _node = node_guard();
     let s = setup("outage", "100ms,200ms,500ms,1s,2s,3s,5s").await;
+    // Under load a while, then the outage: both deliberate durations.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = s.rx.count();
     s.rx.down().await;

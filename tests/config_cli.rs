@@ -2,7 +2,9 @@
 //! error, `config show` shows flags > env > file > defaults and never a
 //! secret.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -10,13 +12,9 @@ fn file(text: &str) -> tempfile_path::TempFile {
     tempfile_path::TempFile::new(text)
 }
 
+/// The binary with `args` and, of the REDELIVER_* variables, only `env`.
 fn redeliver(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_redeliver"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("REDELIVER_") {
-            c.env_remove(k);
-        }
-    }
+    let mut c = common::redeliver_command();
     c.args(args).envs(env.iter().copied()).output().unwrap()
 }
 

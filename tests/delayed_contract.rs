@@ -3,6 +3,8 @@
 mod common;
 
 use common::delayed::*;
+use common::TestApp;
+use redeliver::delay::DelayBackend;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -17,7 +19,8 @@ use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delay_accuracy_and_order() {
     let _shared = LOAD.read().await;
-    let mut r = Route::shared("accuracy", QueueKind::Quorum).await;
+    let app = TestApp::new("accuracy", DelayBackend::Plugin);
+    let mut r = Route::of(&app, QueueKind::Quorum).await;
     let mut order: Vec<u64> = (0..50).collect();
     order.shuffle(&mut StdRng::seed_from_u64(7));
     let mut dues = HashMap::new();
@@ -46,7 +49,8 @@ async fn delay_accuracy_and_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn immediate_routing() {
     let _shared = LOAD.read().await;
-    let mut r = Route::shared("immediate", QueueKind::Quorum).await;
+    let app = TestApp::new("immediate", DelayBackend::Plugin);
+    let mut r = Route::of(&app, QueueKind::Quorum).await;
     let cases = [
         ("absent", None),
         ("zero", Some(AMQPValue::LongInt(0))),
@@ -73,7 +77,8 @@ async fn immediate_routing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_delay_types() {
     let _shared = LOAD.read().await;
-    let mut r = Route::shared("types", QueueKind::Quorum).await;
+    let app = TestApp::new("types", DelayBackend::Plugin);
+    let mut r = Route::of(&app, QueueKind::Quorum).await;
     let cases = [
         ("long-int", AMQPValue::LongInt(300), 300),
         ("long-long-int", AMQPValue::LongLongInt(300), 300),
@@ -103,7 +108,8 @@ async fn accepted_delay_types() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn original_headers_kept() {
     let _shared = LOAD.read().await;
-    let mut r = Route::shared("headers", QueueKind::Classic).await;
+    let app = TestApp::new("headers", DelayBackend::Plugin);
+    let mut r = Route::of(&app, QueueKind::Classic).await;
     let nested = vec![("depth", AMQPValue::LongInt(2)), ("name", long_str("in"))];
     let headers = table(vec![
         ("x-delay", AMQPValue::LongInt(200)),
@@ -135,8 +141,14 @@ async fn original_headers_kept() {
 /// and headers succeed, and topic patterns route delayed messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declare_errors() {
-    let conn = common::connect(&common::broker_url()).await;
-    let name = common::prefix("declare");
+    let app = TestApp::new("declare", DelayBackend::Plugin);
+    let conn = common::connect(&app.url).await;
+    let name = app.name("x");
+    let named = |s: &str| format!("{name}-{s}");
+    let (hit, miss) = (named("hit"), named("miss"));
+    let types = ["direct", "fanout", "headers", "topic"].map(named);
+    let exchanges: Vec<&str> = types.iter().map(String::as_str).collect();
+    app.delete_on_drop(&[&hit, &miss], &[&[name.as_str()], &exchanges[..]].concat());
     let bad = [
         ("missing", FieldTable::default()),
         ("empty", delayed_type("")),
@@ -168,7 +180,6 @@ async fn declare_errors() {
         }
     }
     let exchange = format!("{name}-topic");
-    let (hit, miss) = (format!("{name}-hit"), format!("{name}-miss"));
     bound_queue(&ch, &hit, QueueKind::Quorum, &exchange, "a.#").await;
     bound_queue(&ch, &miss, QueueKind::Quorum, &exchange, "x.#").await;
     let mut inbox = consume(&ch, &hit).await;

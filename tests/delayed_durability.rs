@@ -3,6 +3,8 @@
 mod common;
 
 use common::delayed::*;
+use common::TestApp;
+use redeliver::delay::DelayBackend;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
@@ -11,17 +13,17 @@ use std::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_messages_survive_restart() {
     let (node, url) = OwnNode::up(5684).await;
-    let name = common::prefix("restart");
-    let r = Route::open(&url, &name, QueueKind::Quorum).await;
+    let app = TestApp::on(&url, "restart", DelayBackend::Plugin);
+    let r = Route::of(&app, QueueKind::Quorum).await;
     // Publish and restart back to back, while both messages are still held.
     let exclusive = LOAD.write().await;
     let short = r.to.publish(delayed("short", ms(3000))).await;
     let long = r.to.publish(delayed("long", ms(20_000))).await;
     r.conn.close(200, "restart".into()).await.expect("close");
-    let url = node.ctl(&["restart"]).await;
+    node.ctl(&["restart"]).await;
     drop(exclusive);
 
-    let mut r = Route::open(&url, &name, QueueKind::Quorum).await;
+    let mut r = Route::of(&app, QueueKind::Quorum).await;
     let arrivals = r.inbox.collect(2, ms(40_000)).await;
     let arrived: HashMap<_, _> = arrivals.into_iter().collect();
     assert!(arrived["short"] - short >= ms(3000), "short came early");
@@ -38,8 +40,8 @@ async fn held_messages_survive_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_message_survives_kill() {
     let (node, url) = OwnNode::up(5685).await;
-    let name = common::prefix("kill");
-    let r = Route::open(&url, &name, QueueKind::Classic).await;
+    let app = TestApp::on(&url, "kill", DelayBackend::Plugin);
+    let r = Route::of(&app, QueueKind::Classic).await;
     let ids: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
     let exclusive = LOAD.write().await;
     let mut confirms = Vec::new();
@@ -51,10 +53,10 @@ async fn confirmed_message_survives_kill() {
     }
     node.ctl(&["kill"]).await;
     drop(r);
-    let url = node.ctl(&["up"]).await;
+    node.ctl(&["up"]).await;
     drop(exclusive);
 
-    let mut r = Route::open(&url, &name, QueueKind::Classic).await;
+    let mut r = Route::of(&app, QueueKind::Classic).await;
     let arrivals = r.inbox.collect(ids.len(), ms(30_000)).await;
     let got: HashSet<&String> = arrivals.iter().map(|(id, _)| id).collect();
     assert_eq!(got, ids.iter().collect());
@@ -71,7 +73,8 @@ async fn ten_thousand_held() {
     const N: u64 = 10_000;
     const CHANNELS: u64 = 8;
     let _exclusive = LOAD.write().await;
-    let mut r = Route::shared("scale", QueueKind::Quorum).await;
+    let app = TestApp::new("scale", DelayBackend::Plugin);
+    let mut r = Route::of(&app, QueueKind::Quorum).await;
     let started = Instant::now();
     let mut publishers = Vec::new();
     for c in 0..CHANNELS {

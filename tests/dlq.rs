@@ -6,67 +6,23 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
+use common::dead_letters::{dead, fixture, now_ms};
 use common::harness::*;
+use common::process::Proc;
 use common::receiver::{Receiver, Reply};
-use common::{broker_url, prefix_on, url_for};
-use lapin::types::{AMQPValue, FieldTable};
+use common::TestApp;
+use lapin::types::FieldTable;
 use redeliver::delay::DelayBackend;
-use redeliver::message::state::*;
-
-/// A dead letter as a worker would have written it.
-fn dead(id: &str, url: &str, reason: &str, dead_at: i64) -> (Vec<u8>, FieldTable) {
-    let body = serde_json::json!({"v": 1, "id": id, "url": url, "body": {"n": id}}).to_string();
-    let mut h = FieldTable::default();
-    h.insert(H_ATTEMPT.into(), AMQPValue::LongLongInt(3));
-    h.insert(H_DEAD_REASON.into(), long_string(reason));
-    h.insert(H_DEAD_AT.into(), AMQPValue::LongLongInt(dead_at));
-    h.insert(H_LAST_STATUS.into(), AMQPValue::LongInt(500));
-    h.insert(H_LAST_ERROR.into(), long_string("HTTP 500"));
-    h.insert("x-custom".into(), long_string(id));
-    let mut attempt = FieldTable::default();
-    attempt.insert("attempt".into(), AMQPValue::LongLongInt(1));
-    attempt.insert("status".into(), AMQPValue::LongInt(500));
-    let history = vec![AMQPValue::FieldTable(attempt)];
-    h.insert(H_HISTORY.into(), AMQPValue::FieldArray(history.into()));
-    (body.into_bytes(), h)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn fixture(rx: &str) -> Vec<(Vec<u8>, FieldTable)> {
-    let now = now_ms();
-    vec![
-        dead("a", &format!("{rx}/shop/1"), "max-attempts", now - 1_000),
-        dead(
-            "b",
-            &format!("{rx}/bank/2"),
-            "permanent-status",
-            now - 2_000,
-        ),
-        dead(
-            "c",
-            &format!("{rx}/shop/3"),
-            "max-attempts",
-            now - 7_200_000,
-        ),
-        dead("d", &format!("{rx}/shop/4"), "invalid", now - 3_000),
-    ]
-}
 
 async fn list_leaves_the_queue_identical(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("list", backend));
+    let app = TestApp::new("list", backend);
     let items = fixture("http://127.0.0.1:9");
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
-    let table = stdout(&cli(&url, &p, &["dlq", "list"]));
+    app.publish_to_queue("dead", &items).await;
+    let table = stdout(&app.cli(&["dlq", "list"]));
     assert_eq!(table.lines().count(), 5, "{table}");
     assert!(table.lines().nth(1).unwrap().starts_with("a "));
     assert!(table.contains("permanent-status"));
-    let json = stdout(&cli(&url, &p, &["dlq", "list", "--json", "--limit", "2"]));
+    let json = stdout(&app.cli(&["dlq", "list", "--json", "--limit", "2"]));
     let rows: Vec<serde_json::Value> = json
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -74,7 +30,7 @@ async fn list_leaves_the_queue_identical(backend: DelayBackend) {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["dead_letter"]["reason"], "max-attempts");
     assert_eq!(rows[1]["dead_letter"]["headers"]["x-custom"], "b");
-    let shown = stdout(&cli(&url, &p, &["dlq", "show", "b"]));
+    let shown = stdout(&app.cli(&["dlq", "show", "b"]));
     let doc: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(doc["id"], "b");
     assert_eq!(doc["notification"]["body"]["n"], "b", "the body, as JSON");
@@ -86,31 +42,25 @@ async fn list_leaves_the_queue_identical(backend: DelayBackend) {
     assert_eq!(doc["dead_letter"]["last_status"], 500);
     assert_eq!(doc["dead_letter"]["headers"]["x-custom"], "b");
     assert_eq!(doc["dead_letter"]["history"][0]["status"], 500);
-    let missing = cli(&url, &p, &["dlq", "show", "nope"]);
+    let missing = app.cli(&["dlq", "show", "nope"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no dead letter with id \"nope\""));
-    let after = drain_dead(&url, &p).await;
+    let after = app.drain_dead().await;
     assert_eq!(after.len(), items.len());
     for (got, (body, headers)) in after.iter().zip(&items) {
         assert_eq!(&got.body, body, "same order, same bytes");
         assert_eq!(&got.headers, headers, "headers unchanged");
     }
-    cleanup(&url, &p).await;
 }
 
 async fn filters_select_correctly(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("filter", backend));
-    publish_to_queue(
-        &url,
-        &p,
-        &format!("{p}.dead"),
-        &fixture("http://127.0.0.1:9"),
-    )
-    .await;
+    let app = TestApp::new("filter", backend);
+    app.publish_to_queue("dead", &fixture("http://127.0.0.1:9"))
+        .await;
     let ids = |args: &[&str]| -> Vec<String> {
         let mut a = vec!["dlq", "list", "--json"];
         a.extend_from_slice(args);
-        stdout(&cli(&url, &p, &a))
+        stdout(&app.cli(&a))
             .lines()
             .map(|l| {
                 serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
@@ -137,40 +87,35 @@ async fn filters_select_correctly(backend: DelayBackend) {
     assert_eq!(ids(&["--limit", "3"]), ["a", "b", "c"]);
     // Without --yes: counts, changes nothing, and fails (exit 1), so
     // `dlq purge && ...` in a script does not go on as if it purged.
-    let refused = cli(&url, &p, &["dlq", "purge", "--reason", "max-attempts"]);
+    let refused = app.cli(&["dlq", "purge", "--reason", "max-attempts"]);
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     let out = String::from_utf8_lossy(&refused.stdout);
     assert!(out.contains("2 dead letter(s) would be purged"), "{out}");
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("--yes"), "{err}");
     assert_eq!(
-        queue_len(&url, &format!("{p}.dead")).await,
+        app.queue_len("dead").await,
         4,
         "purge without --yes changes nothing"
     );
-    let out = stdout(&cli(
-        &url,
-        &p,
-        &["dlq", "purge", "--yes", "--reason", "max-attempts"],
-    ));
+    let out = stdout(&app.cli(&["dlq", "purge", "--yes", "--reason", "max-attempts"]));
     assert!(out.contains("purged 2"), "{out}");
     assert_eq!(ids(&[]), ["b", "d"]);
-    cleanup(&url, &p).await;
 }
 
 async fn replay_one_then_all_delivers_and_removes(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("replay", backend));
+    let app = TestApp::new("replay", backend);
     let rx = Receiver::start(|_| Reply::status(200)).await;
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &fixture(&rx.base)).await;
-    let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
-    let dry = stdout(&cli(&url, &p, &["dlq", "replay", "--all", "--dry-run"]));
+    app.publish_to_queue("dead", &fixture(&rx.base)).await;
+    let w = app.spawn_worker(schedule_settings("1s", 3, 4));
+    let dry = stdout(&app.cli(&["dlq", "replay", "--all", "--dry-run"]));
     assert!(dry.contains("4 would be replayed"), "{dry}");
     assert!(
-        cli(&url, &p, &["dlq", "replay"]).status.code() == Some(1),
+        app.cli(&["dlq", "replay"]).status.code() == Some(1),
         "nothing selected is an error"
     );
 
-    let out = stdout(&cli(&url, &p, &["dlq", "replay", "b"]));
+    let out = stdout(&app.cli(&["dlq", "replay", "b"]));
     assert!(out.contains("replayed 1"), "{out}");
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
     let r = &rx.requests()[0];
@@ -180,71 +125,47 @@ async fn replay_one_then_all_delivers_and_removes(backend: DelayBackend) {
         Some("1"),
         "a fresh attempt counter"
     );
-    assert_eq!(
-        queue_len(&url, &format!("{p}.dead")).await,
-        3,
-        "only that one removed"
-    );
+    assert_eq!(app.queue_len("dead").await, 3, "only that one removed");
 
-    let out = stdout(&cli(&url, &p, &["dlq", "replay", "--all"]));
+    let out = stdout(&app.cli(&["dlq", "replay", "--all"]));
     assert!(out.contains("replayed 3"), "{out}");
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 4).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_quiet_for(Duration::from_millis(300), "requests", || rx.count()).await;
     w.stop().await;
     let ids: HashSet<String> = rx.requests().iter().map(|r| r.id()).collect();
     assert_eq!(ids, ["a", "b", "c", "d"].map(String::from).into());
-    assert_eq!(queue_len(&url, &format!("{p}.dead")).await, 0);
-    cleanup(&url, &p).await;
+    assert_eq!(app.queue_len("dead").await, 0);
 }
 
 async fn export_then_publish_file_round_trips(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("export", backend));
+    let app = TestApp::new("export", backend);
     let items = fixture("http://127.0.0.1:9");
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
-    let file = std::env::temp_dir().join(format!("{p}.jsonl"));
+    app.publish_to_queue("dead", &items).await;
+    let file = std::env::temp_dir().join(format!("{}.jsonl", app.prefix));
     let path = file.to_str().unwrap();
-    let o = cli(&url, &p, &["dlq", "export", "--json", "--out", path]);
+    let o = app.cli(&["dlq", "export", "--json", "--out", path]);
     assert!(o.status.success());
-    assert_eq!(
-        queue_len(&url, &format!("{p}.dead")).await,
-        4,
-        "export is non-destructive"
-    );
-    let ids = stdout(&cli(&url, &p, &["publish", "--file", path]));
+    assert_eq!(app.queue_len("dead").await, 4, "export is non-destructive");
+    let ids = stdout(&app.cli(&["publish", "--file", path]));
     assert_eq!(ids.lines().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
     // The re-imported notifications are the originals, field for field.
-    let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    for (body, _) in &items {
-        let m = ch
-            .basic_get(
-                format!("{p}.work").as_str().into(),
-                lapin::options::BasicGetOptions { no_ack: true },
-            )
-            .await
-            .unwrap()
-            .expect("re-imported message");
+    let work = app.drain_queue("work").await;
+    assert_eq!(work.len(), items.len(), "every one re-imported");
+    for (m, (body, _)) in work.iter().zip(&items) {
         let want: serde_json::Value = serde_json::from_slice(body).unwrap();
-        let mut got: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
+        let mut got: serde_json::Value = serde_json::from_slice(&m.body).unwrap();
         got.as_object_mut().unwrap().remove("dead_letter");
         assert_eq!(got, want);
     }
-    let _ = conn.close(200, "".into()).await;
     let _ = std::fs::remove_file(&file);
-    cleanup(&url, &p).await;
 }
 
 /// On the test node, whose rabbitmqctl and management API it compares with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_counts_match_the_broker() {
-    let (url, p) = (broker_url(), common::prefix("status"));
-    publish_to_queue(
-        &url,
-        &p,
-        &format!("{p}.dead"),
-        &fixture("http://127.0.0.1:9"),
-    )
-    .await;
+    let app = TestApp::new("status", DelayBackend::Plugin);
+    app.publish_to_queue("dead", &fixture("http://127.0.0.1:9"))
+        .await;
     let work: Vec<_> = (0..3)
         .map(|i| {
             (
@@ -253,101 +174,102 @@ async fn status_counts_match_the_broker() {
             )
         })
         .collect();
-    publish_to_queue(&url, &p, &format!("{p}.work"), &work).await;
+    app.publish_to_queue("work", &work).await;
     // Hold one work message unacked with a consumer of our own.
-    let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
+    let conn = common::connect(&app.url).await;
     let ch = conn.create_channel().await.unwrap();
     ch.basic_qos(1, Default::default()).await.unwrap();
     let _consumer = ch
         .basic_consume(
-            format!("{p}.work").as_str().into(),
+            app.name("work").as_str().into(),
             "".into(),
             Default::default(),
             FieldTable::default(),
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mgmt = common::ctl(common::default_port(), &["management-url"]);
-    let (work_q, dead_q) = (format!("{p}.work"), format!("{p}.dead"));
     // The broker's own view (rabbitmqctl); its statistics lag by up to the
     // collection interval, so poll until it shows the state we built.
-    let mut broker = (vec![], vec![]);
-    for _ in 0..60 {
-        let listed = common::ctl_output(
-            common::default_port(),
-            &[
-                "rabbitmqctl",
-                "list_queues",
-                "-q",
-                "--no-table-headers",
-                "name",
-                "messages_ready",
-                "messages_unacknowledged",
-                "consumers",
-            ],
-        );
-        let row = |q: &str| -> Vec<u64> {
-            let line = listed
-                .lines()
-                .find(|l| l.split_whitespace().next() == Some(q));
-            line.map(|l| {
-                l.split_whitespace()
-                    .skip(1)
-                    .map(|n| n.parse().unwrap())
-                    .collect()
-            })
-            .unwrap_or_default()
-        };
-        broker = (row(&work_q), row(&dead_q));
-        if broker.0 == [2, 1, 1] && broker.1 == [4, 0, 0] {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let mut broker = vec![];
+    let queues = [app.name("work"), app.name("dead")];
+    poll_every(
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+        async || {
+            broker = rabbitmqctl_counts(&queues);
+            broker == [[2, 1, 1], [4, 0, 0]]
+        },
+    )
+    .await;
     assert_eq!(
-        broker.0,
+        broker[0],
         [2, 1, 1],
         "rabbitmqctl: work ready, unacked, consumers"
     );
     assert_eq!(
-        broker.1,
+        broker[1],
         [4, 0, 0],
         "rabbitmqctl: dead ready, unacked, consumers"
     );
     // The management API samples on its own interval too.
+    let mgmt = common::ctl(common::default_port(), &["management-url"]);
     let mut s = serde_json::Value::Null;
-    for _ in 0..30 {
-        let out = stdout(&cli(
-            &url,
-            &p,
-            &["status", "--json", "--management-url", &mgmt],
-        ));
-        s = serde_json::from_str(&out).unwrap();
-        if s["work"]["unacked"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    poll_every(
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+        async || {
+            let out = stdout(&app.cli(&["status", "--json", "--management-url", &mgmt]));
+            s = serde_json::from_str(&out).unwrap();
+            s["work"]["unacked"] == 1
+        },
+    )
+    .await;
     assert_eq!(s["work"]["ready"], 2);
     assert_eq!(s["work"]["unacked"], 1);
     assert_eq!(s["work"]["consumers"], 1);
     assert_eq!(s["dead"]["ready"], 4);
     assert_eq!(s["dead"]["consumers"], 0);
     assert_eq!(s["retry_exchange_type_available"], true);
-    let text = stdout(&cli(&url, &p, &["status"]));
+    let text = stdout(&app.cli(&["status"]));
     assert!(
         text.contains("ready 2") && text.contains("consumers 1") && text.contains("unacked ?"),
         "{text}"
     );
     let _ = conn.close(200, "".into()).await;
-    let plain = stdout(&cli(&common::plain_broker_url(), &p, &["status"]));
+    let on_plain = app
+        .command_via(&common::plain_broker_url())
+        .arg("status")
+        .output();
+    let plain = stdout(&on_plain.expect("run redeliver"));
     assert!(plain.contains("MISSING"), "{plain}");
-    cleanup(&url, &p).await;
+}
+
+/// Ready, unacked and consumers of each queue, as `rabbitmqctl` on the
+/// test node lists them (empty for a queue it does not list).
+fn rabbitmqctl_counts(queues: &[String]) -> Vec<Vec<u64>> {
+    let args = [
+        "rabbitmqctl",
+        "list_queues",
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+        "consumers",
+    ];
+    let listed = common::ctl_output(common::default_port(), &args);
+    let row = |q: &str| -> Vec<u64> {
+        let line = listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(q));
+        let counts = line.map(|l| l.split_whitespace().skip(1).map(|n| n.parse().unwrap()));
+        counts.map(Iterator::collect).unwrap_or_default()
+    };
+    queues.iter().map(|q| row(q)).collect()
 }
 
 async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("killreplay", backend));
+    let app = TestApp::new("killreplay", backend);
     let items: Vec<_> = (0..3000)
         .map(|i| {
             dead(
@@ -358,61 +280,42 @@ async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {
             )
         })
         .collect();
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(["--amqp-url", &url, "--prefix", &p, "dlq", "replay", "--all"])
-        .args(["--delay-backend", backend.as_str()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    app.publish_to_queue("dead", &items).await;
+    let mut replay = app.command();
+    replay.args(["dlq", "replay", "--all"]);
+    let mut child = Proc::spawn(replay);
     // Kill it once it has replayed some but not all.
-    let work = format!("{p}.work");
-    for _ in 0..500 {
-        if queue_len(&url, &work).await >= 200 {
-            break;
+    let some = async || app.queue_len("work").await >= 200;
+    poll_every(Duration::from_millis(5), Duration::from_secs(10), some).await;
+    child.kill();
+    let in_work = app.queue_len("work").await;
+    // What the killed replay had taken but not acked goes back to the
+    // dead-letter queue once the broker sees its connection gone: drain
+    // both queues until every id has turned up (or is missing for good).
+    let (mut seen, mut dead_left) = (HashSet::new(), 0);
+    wait_until_async(Duration::from_secs(10), async || {
+        let dead = app.drain_dead().await;
+        dead_left += dead.len();
+        seen.extend(dead.iter().map(|d| d.str("x-custom").unwrap()));
+        for m in app.drain_queue("work").await {
+            let v: serde_json::Value = serde_json::from_slice(&m.body).unwrap();
+            seen.insert(v["id"].as_str().unwrap().to_string());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let in_work = queue_len(&url, &work).await;
-    let dead_left = drain_dead(&url, &p).await;
-    let mut seen: HashSet<String> = dead_left
-        .iter()
-        .map(|d| d.str("x-custom").unwrap())
-        .collect();
-    let conn = redeliver::AmqpUrl::new(&url).connect("t").await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    while let Some(m) = ch
-        .basic_get(
-            work.as_str().into(),
-            lapin::options::BasicGetOptions { no_ack: true },
-        )
-        .await
-        .unwrap()
-    {
-        let v: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
-        seen.insert(v["id"].as_str().unwrap().to_string());
-    }
-    let _ = conn.close(200, "".into()).await;
+        seen.len() == 3000
+    })
+    .await;
     println!(
-        "killed replay: {in_work} in the work queue, {} still dead, {} distinct of 3000",
-        dead_left.len(),
+        "killed replay: {in_work} in the work queue, {dead_left} still dead, {} distinct of 3000",
         seen.len()
     );
-    assert!(
-        in_work > 0 && !dead_left.is_empty(),
-        "the kill landed mid-way"
-    );
+    assert!(in_work > 0 && dead_left > 0, "the kill landed mid-way");
     assert_eq!(seen.len(), 3000, "none missing");
-    cleanup(&url, &p).await;
 }
 
 async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("demo", backend));
+    let app = TestApp::new("demo", backend);
     let started = std::time::Instant::now();
-    let o = cli(&url, &p, &["demo"]);
+    let o = app.cli(&["demo"]);
     let out = stdout(&o);
     println!("{out}");
     assert!(
@@ -449,11 +352,13 @@ async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
         .unwrap()
         .trim()
         .to_string();
-    assert!(demo_prefix.starts_with(&p), "{demo_prefix}");
+    assert!(demo_prefix.starts_with(&app.prefix), "{demo_prefix}");
     // Every queue of the demo's prefix is gone, the cascade's included.
-    let left = redeliver::ops::status::status(&broker(&url, &demo_prefix), None)
-        .await
-        .unwrap();
+    let demo = redeliver::BrokerSettings {
+        prefix: demo_prefix,
+        ..app.broker()
+    };
+    let left = redeliver::ops::status::status(&demo, None).await.unwrap();
     assert!(
         !left.work.exists && !left.dead.exists && left.cascade.is_empty(),
         "demo queues deleted: {left:?}"
@@ -463,22 +368,20 @@ async fn demo_runs_to_completion_and_cleans_up(backend: DelayBackend) {
 /// An id-less producer's notification keeps a stable id through export and
 /// re-import; an invalid dead letter is skipped on re-import, not fatal.
 async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones(backend: DelayBackend) {
-    let (url, p) = (url_for(backend), prefix_on("idless", backend));
+    let app = TestApp::new("idless", backend);
     let body = br#"{"url":"http://127.0.0.1:9/x"}"#.to_vec();
     let derived = redeliver::message::derived_id(&body);
     let items = vec![
         (body, FieldTable::default()),
         (b"not json".to_vec(), FieldTable::default()),
     ];
-    publish_to_queue(&url, &p, &format!("{p}.dead"), &items).await;
-    let listed = stdout(&cli(&url, &p, &["dlq", "list", "--json"]));
+    app.publish_to_queue("dead", &items).await;
+    let listed = stdout(&app.cli(&["dlq", "list", "--json"]));
     assert!(listed.contains(&derived), "{listed}");
-    let file = std::env::temp_dir().join(format!("{p}.jsonl"));
+    let file = std::env::temp_dir().join(format!("{}.jsonl", app.prefix));
     let path = file.to_str().unwrap();
-    assert!(cli(&url, &p, &["dlq", "export", "--out", path])
-        .status
-        .success());
-    let out = cli(&url, &p, &["publish", "--file", path]);
+    assert!(app.cli(&["dlq", "export", "--out", path]).status.success());
+    let out = app.cli(&["publish", "--file", path]);
     assert_eq!(
         stdout(&out).trim(),
         derived,
@@ -486,7 +389,6 @@ async fn export_keeps_ids_of_idless_producers_and_skips_invalid_ones(backend: De
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("skipped"));
     let _ = std::fs::remove_file(&file);
-    cleanup(&url, &p).await;
 }
 
 both_backends!(

@@ -107,7 +107,17 @@ proptest! {
     }
 }
 
+/// Each property really runs `CASES` cases: the runner the `proptest!`
+/// block uses, under the same config, runs a counting property that often.
 #[test]
 fn report_case_count() {
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let ran = std::cell::Cell::new(0u32);
+    let counted = runner.run(&any::<u8>(), |_| {
+        ran.set(ran.get() + 1);
+        Ok(())
+    });
+    assert!(counted.is_ok(), "{counted:?}");
+    assert_eq!(ran.get(), CASES, "cases run per property");
     println!("hostile input: 4 properties x {CASES} generated cases each");
 }

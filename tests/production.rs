@@ -5,16 +5,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
 
 use common::harness::*;
+use common::process::Proc;
 use common::receiver::{Receiver, Reply};
-use common::{broker_url, prefix};
+use common::{redeliver_command, TestApp};
 use redeliver::config::SigningSecret;
 use redeliver::config::{Route, Routes};
+use redeliver::delay::DelayBackend;
 use redeliver::HttpDeliverer;
 use serde_json::{json, Value};
 use standardwebhooks::Webhook;
@@ -32,7 +32,7 @@ fn secret(s: &str) -> SigningSecret {
 /// for its URLs, and a changed body no longer verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn signatures_verify_with_the_standard_webhooks_crate() {
-    let (url, p) = (broker_url(), prefix("sign"));
+    let app = TestApp::new("sign", DelayBackend::Plugin);
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let route = Route {
         url_prefix: rx.url("/special"),
@@ -43,16 +43,12 @@ async fn signatures_verify_with_the_standard_webhooks_crate() {
     let handler = HttpDeliverer::new(Duration::from_secs(5), 4)
         .unwrap()
         .with_signing(vec![secret(S1), secret(S2)], Routes::new(vec![route]));
-    let w = spawn_worker_with(&url, &p, settings, handler);
+    let w = app.spawn_worker_with(settings, handler);
     let body = json!({"order": 42, "note": "ünïcode"});
-    publish(
-        &url,
-        &p,
-        &[
-            json!({"url": rx.url("/plain"), "id": "plain-1", "body": body}),
-            json!({"url": rx.url("/special/x"), "id": "special-1", "body": body}),
-        ],
-    )
+    app.publish(&[
+        json!({"url": rx.url("/plain"), "id": "plain-1", "body": body}),
+        json!({"url": rx.url("/special/x"), "id": "special-1", "body": body}),
+    ])
     .await;
     assert!(wait_until(Duration::from_secs(20), || rx.count() >= 2).await);
     w.stop().await;
@@ -89,13 +85,12 @@ async fn signatures_verify_with_the_standard_webhooks_crate() {
     };
     assert_eq!(signatures("/plain"), 2, "one signature per secret");
     assert_eq!(signatures("/special"), 1);
-    cleanup(&url, &p).await;
 }
 
 /// A route's max attempts and success body apply to its URLs only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routes_override_policy_and_success_body() {
-    let (url, p) = (broker_url(), prefix("route"));
+    let app = TestApp::new("route", DelayBackend::Plugin);
     let rx = Receiver::start(|_| Reply::status(200).body("ok")).await;
     let mut settings = schedule_settings("100ms", 5, 4);
     settings.routes = Routes::new(vec![Route {
@@ -104,17 +99,13 @@ async fn routes_override_policy_and_success_body() {
         success_body: Some("SUCCESS".into()),
         ..Route::default()
     }]);
-    let w = spawn_worker(&url, &p, settings);
-    publish(
-        &url,
-        &p,
-        &[
-            json!({"url": rx.url("/strict"), "id": "strict"}),
-            json!({"url": rx.url("/loose"), "id": "loose"}),
-        ],
-    )
+    let w = app.spawn_worker(settings);
+    app.publish(&[
+        json!({"url": rx.url("/strict"), "id": "strict"}),
+        json!({"url": rx.url("/loose"), "id": "loose"}),
+    ])
     .await;
-    let dead = wait_dead(&url, &p, 1).await;
+    let dead = app.wait_dead(1).await;
     w.stop().await;
     assert_eq!(dead.len(), 1);
     assert_eq!(
@@ -126,57 +117,26 @@ async fn routes_override_policy_and_success_body() {
     let reqs = rx.requests();
     assert_eq!(reqs.iter().filter(|r| r.path == "/strict").count(), 1);
     assert_eq!(reqs.iter().filter(|r| r.path == "/loose").count(), 1);
-    cleanup(&url, &p).await;
 }
 
-/// A `redeliver run` child whose stderr lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+/// `redeliver run ARGS` from `cmd`, its log format left to the default
+/// (JSON, as stderr is not a terminal).
+fn start(mut cmd: Command, args: &[&str]) -> Proc {
+    cmd.arg("run").args(args);
+    Proc::spawn(cmd)
 }
 
-impl Proc {
-    fn start(amqp: &str, p: &str, args: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_redeliver"))
-            .args(["--amqp-url", amqp, "--prefix", p, "run"])
-            .args(args)
-            .env_remove("REDELIVER_LOG_FORMAT")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(vec![]));
-        let (err, l) = (child.stderr.take().unwrap(), lines.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                l.lock().unwrap().push(line);
-            }
-        });
-        Proc { child, lines }
-    }
-
-    /// The JSON log objects so far; every line must be one (not a terminal).
-    fn json(&self) -> Vec<Value> {
-        let lines = self.lines.lock().unwrap().clone();
-        lines
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-            .collect()
-    }
-
-    async fn admin(&self) -> String {
-        for _ in 0..100 {
-            let found = self.json().into_iter().find_map(|v| {
-                let m = v["message"].as_str()?.starts_with("admin endpoint");
-                m.then(|| v["addr"].as_str().map(str::to_string)).flatten()
-            });
-            if let Some(a) = found {
-                return format!("http://{a}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("no admin address logged: {:?}", self.lines.lock().unwrap());
-    }
+/// The admin endpoint's URL, once the worker has logged it.
+async fn admin(w: &Proc) -> String {
+    let addr = || {
+        w.json().into_iter().find_map(|v| {
+            let m = v["message"].as_str()?.starts_with("admin endpoint");
+            m.then(|| v["addr"].as_str().map(str::to_string)).flatten()
+        })
+    };
+    let logged = wait_until(Duration::from_secs(10), || addr().is_some()).await;
+    assert!(logged, "no admin address logged: {:?}", w.stderr());
+    format!("http://{}", addr().unwrap())
 }
 
 /// With the cascade, a worker holds short delays, at most
@@ -184,21 +144,14 @@ impl Proc {
 /// releases them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn held_gauge_counts_short_delays() {
-    let cascade = redeliver::delay::DelayBackend::Cascade;
-    let (url, p) = (broker_url(), common::prefix_on("held", cascade));
+    let cascade = DelayBackend::Cascade;
+    let app = TestApp::new("held", cascade);
     let rx = Receiver::start(|_| Reply::status(200)).await;
-    let args = [
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--delay-backend",
-        "cascade",
-        "--hold-prefetch",
-        "3",
-    ];
-    let mut w = Proc::start(&url, &p, &args);
-    let admin = w.admin().await;
+    let args = ["--admin-addr", "127.0.0.1:0", "--hold-prefetch", "3"];
+    let mut w = start(app.command(), &args);
+    let admin = admin(&w).await;
     assert!(ready(&admin).await, "not ready while consuming");
-    let b = broker(&url, &p);
+    let b = app.broker();
     let conn = b.url.connect("test").await.unwrap();
     let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let publisher = redeliver::publish::Publisher::new(&conn, t, cascade, Duration::from_secs(30))
@@ -211,7 +164,8 @@ async fn held_gauge_counts_short_delays() {
         publisher.publish_new(&n, delay).await.unwrap();
     }
     let _ = conn.close(200, "".into()).await;
-    // Every reading until all five were delivered.
+    // Every reading until all five were delivered (a sampling interval,
+    // not a wait for something).
     let (mut most_held, until) = (0, std::time::Instant::now() + Duration::from_secs(20));
     while rx.count() < 5 && std::time::Instant::now() < until {
         let m = get(&format!("{admin}/metrics")).await.1;
@@ -222,16 +176,13 @@ async fn held_gauge_counts_short_delays() {
     }
     assert!(rx.count() >= 5, "{} of 5 delivered", rx.count());
     let mut after = String::new();
-    for _ in 0..50 {
+    wait_until_async(Duration::from_secs(5), async || {
         after = get(&format!("{admin}/metrics")).await.1;
-        if after.contains("redeliver_held 0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    sigterm(&w.child);
-    wait_exit(&mut w.child, Duration::from_secs(30));
-    cleanup(&url, &p).await;
+        after.contains("redeliver_held 0")
+    })
+    .await;
+    w.sigterm();
+    w.wait_exit(Duration::from_secs(30));
     // Three held at once, not five, though all five were published
     // within far less than the 1 s they are held for.
     assert_eq!(most_held, 3, "the most held at once");
@@ -244,48 +195,42 @@ async fn get(url: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// The status of `url`, or `None` when nothing answers.
+async fn status(url: &str) -> Option<u16> {
+    reqwest::get(url).await.ok().map(|r| r.status().as_u16())
+}
+
 async fn ready(admin: &str) -> bool {
-    for _ in 0..100 {
-        if get(&format!("{admin}/readyz")).await.0 == 200 {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    let readyz = format!("{admin}/readyz");
+    wait_until_async(Duration::from_secs(10), async || {
+        status(&readyz).await == Some(200)
+    })
+    .await
 }
 
 /// `/healthz`, `/readyz` and `/metrics` of a real worker process, and its
 /// JSON attempt lines with every field the issue names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admin_endpoint_metrics_and_json_logs() {
-    let (url, p) = (broker_url(), prefix("admin"));
+    let app = TestApp::new("admin", DelayBackend::Plugin);
     let rx = Receiver::start(|r| Reply::status(if r.path == "/gone" { 410 } else { 200 })).await;
-    let mut w = Proc::start(
-        &url,
-        &p,
-        &["--admin-addr", "127.0.0.1:0", "--concurrency", "4"],
-    );
-    let admin = w.admin().await;
+    let args = ["--admin-addr", "127.0.0.1:0", "--concurrency", "4"];
+    let mut w = start(app.command(), &args);
+    let admin = admin(&w).await;
     assert_eq!(get(&format!("{admin}/healthz")).await.0, 200);
     assert!(ready(&admin).await, "not ready while consuming");
-    publish(
-        &url,
-        &p,
-        &[
-            json!({"url": rx.url("/ok"), "id": "m-ok"}),
-            json!({"url": rx.url("/gone"), "id": "m-gone"}),
-        ],
-    )
+    app.publish(&[
+        json!({"url": rx.url("/ok"), "id": "m-ok"}),
+        json!({"url": rx.url("/gone"), "id": "m-gone"}),
+    ])
     .await;
     assert!(wait_until(Duration::from_secs(20), || rx.count() >= 2).await);
     let mut metrics = String::new();
-    for _ in 0..50 {
+    wait_until_async(Duration::from_secs(5), async || {
         metrics = get(&format!("{admin}/metrics")).await.1;
-        if metrics.contains(r#"reason="permanent-status"} 1"#) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        metrics.contains(r#"reason="permanent-status"} 1"#)
+    })
+    .await;
     for needle in [
         r#"redeliver_deliveries_total{outcome="success",reason=""} 1"#,
         r#"redeliver_deliveries_total{outcome="dead",reason="permanent-status"} 1"#,
@@ -321,51 +266,51 @@ async fn admin_endpoint_metrics_and_json_logs() {
     assert!(ok["duration_ms"].is_u64());
     let gone = attempts.iter().find(|v| v["id"] == "m-gone").unwrap();
     assert_eq!(gone["outcome"], "dead");
-    sigterm(&w.child);
-    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
-    cleanup(&url, &p).await;
+    w.sigterm();
+    assert!(w.wait_exit(Duration::from_secs(20)).success());
 }
 
 /// Alive but not ready while the broker cannot be reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_without_a_broker() {
-    let mut w = Proc::start(
-        "amqp://guest:guest@127.0.0.1:1/%2f",
-        "t-noready",
-        &["--admin-addr", "127.0.0.1:0"],
-    );
-    let admin = w.admin().await;
+    let mut no_broker = redeliver_command();
+    no_broker.args(["--amqp-url", "amqp://guest:guest@127.0.0.1:1/%2f"]);
+    let w = start(no_broker, &["--admin-addr", "127.0.0.1:0"]);
+    let admin = admin(&w).await;
     assert_eq!(get(&format!("{admin}/healthz")).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once a connection attempt has failed (the reconnect counter shows),
+    // it is still not ready.
+    let failed = wait_until_async(Duration::from_secs(10), async || {
+        let metrics = get(&format!("{admin}/metrics")).await.1;
+        metrics.contains("redeliver_reconnects_total")
+    })
+    .await;
+    assert!(failed, "redeliver_reconnects_total in /metrics");
     assert_eq!(get(&format!("{admin}/readyz")).await.0, 503);
-    assert!(get(&format!("{admin}/metrics"))
-        .await
-        .1
-        .contains("redeliver_reconnects_total"));
-    let _ = w.child.kill();
-    let _ = w.child.wait();
 }
 
 /// While draining after SIGTERM the endpoint still answers, with 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readyz_is_503_while_draining() {
-    let (url, p) = (broker_url(), prefix("drain"));
+    let app = TestApp::new("drain", DelayBackend::Plugin);
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_secs(2))).await;
-    let mut w = Proc::start(&url, &p, &["--admin-addr", "127.0.0.1:0"]);
-    let admin = w.admin().await;
+    let mut w = start(app.command(), &["--admin-addr", "127.0.0.1:0"]);
+    let admin = admin(&w).await;
     assert!(ready(&admin).await);
-    publish(&url, &p, &[json!({"url": rx.url("/slow"), "id": "slow"})]).await;
+    app.publish(&[json!({"url": rx.url("/slow"), "id": "slow"})])
+        .await;
     assert!(wait_until(Duration::from_secs(10), || rx.in_flight() == 1).await);
-    sigterm(&w.child);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(get(&format!("{admin}/readyz")).await.0, 503);
-    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
-    assert_eq!(
-        queue_len(&url, &format!("{p}.work")).await,
-        0,
-        "drained and acked"
-    );
-    cleanup(&url, &p).await;
+    w.sigterm();
+    // The slow delivery holds the drain open for 2 s; /readyz answers
+    // 503 within it (a process that had exited would not answer at all).
+    let readyz = format!("{admin}/readyz");
+    let draining = wait_until_async(Duration::from_secs(5), async || {
+        status(&readyz).await == Some(503)
+    })
+    .await;
+    assert!(draining, "/readyz answered 503 while draining");
+    assert!(w.wait_exit(Duration::from_secs(20)).success());
+    assert_eq!(app.queue_len("work").await, 0, "drained and acked");
 }
 
 /// The binary with `--config`: the file's secret signs every request, its
@@ -373,9 +318,9 @@ async fn readyz_is_503_while_draining() {
 /// `max-attempts` applies: all through the CLI, as a user would set it up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn config_file_secrets_and_routes_reach_the_worker() {
-    let (url, p) = (broker_url(), prefix("cfgrun"));
+    let app = TestApp::new("cfgrun", DelayBackend::Plugin);
     let rx = Receiver::start(|r| Reply::status(if r.path == "/fail" { 500 } else { 200 })).await;
-    let path = std::env::temp_dir().join(format!("{p}.toml"));
+    let path = std::env::temp_dir().join(format!("{}.toml", app.prefix));
     let toml = format!(
         "[run]\nsigning-secret = \"{S1}\"\nschedule = \"100ms\"\nmax-attempts = 5\n\
          [[route]]\nurl-prefix = \"{}\"\nsigning-secret = [\"{S3}\"]\n\
@@ -385,21 +330,17 @@ async fn config_file_secrets_and_routes_reach_the_worker() {
     );
     std::fs::write(&path, toml).unwrap();
     let cfg = path.to_str().unwrap();
-    let mut w = Proc::start(&url, &p, &["--config", cfg]);
-    publish(
-        &url,
-        &p,
-        &[
-            json!({"url": rx.url("/plain"), "id": "c-plain", "body": {"a": 1}}),
-            json!({"url": rx.url("/special"), "id": "c-special", "body": {"a": 2}}),
-            json!({"url": rx.url("/fail"), "id": "c-fail"}),
-        ],
-    )
+    let mut w = start(app.command(), &["--config", cfg]);
+    app.publish(&[
+        json!({"url": rx.url("/plain"), "id": "c-plain", "body": {"a": 1}}),
+        json!({"url": rx.url("/special"), "id": "c-special", "body": {"a": 2}}),
+        json!({"url": rx.url("/fail"), "id": "c-fail"}),
+    ])
     .await;
-    let dead = wait_dead(&url, &p, 1).await;
+    let dead = app.wait_dead(1).await;
     wait_until(Duration::from_secs(10), || rx.count() >= 4).await;
-    sigterm(&w.child);
-    assert!(wait_exit(&mut w.child, Duration::from_secs(20)).success());
+    w.sigterm();
+    assert!(w.wait_exit(Duration::from_secs(20)).success());
     let _ = std::fs::remove_file(&path);
     let reqs = rx.requests();
     let verifies = |path: &str, s: &str| {
@@ -410,5 +351,4 @@ async fn config_file_secrets_and_routes_reach_the_worker() {
     assert!(verifies("/special", S3) && !verifies("/special", S1));
     assert_eq!(reqs.iter().filter(|r| r.path == "/fail").count(), 2);
     assert_eq!(dead.len(), 1, "the route's max-attempts dead-letters it");
-    cleanup(&url, &p).await;
 }

@@ -3,16 +3,18 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::harness::*;
 use common::receiver::{Receiver, Reply};
-use common::{broker_url, prefix};
+use common::TestApp;
+use redeliver::delay::DelayBackend;
 
-fn redeliver(url: &str, p: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(["--amqp-url", url, "--prefix", p])
+/// Runs the app's binary with `args`, feeding it `stdin`.
+fn redeliver(app: &TestApp, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = app
+        .command()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -27,9 +29,9 @@ fn redeliver(url: &str, p: &str, args: &[&str], stdin: Option<&str>) -> Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_is_published_and_its_ids_printed() {
-    let (url, p) = (broker_url(), prefix("file"));
+    let app = TestApp::new("file", DelayBackend::Plugin);
     let lines = "{\"url\":\"http://127.0.0.1:9/a\",\"id\":\"one\"}\n\n{\"url\":\"http://127.0.0.1:9/b\",\"body\":[1]}\n{\"url\":\"http://127.0.0.1:9/c\"}\n";
-    let out = redeliver(&url, &p, &["publish", "--file", "-"], Some(lines));
+    let out = redeliver(&app, &["publish", "--file", "-"], Some(lines));
     assert!(
         out.status.success(),
         "{}",
@@ -42,39 +44,36 @@ async fn a_file_is_published_and_its_ids_printed() {
         .collect();
     assert_eq!(ids.len(), 3);
     assert_eq!(ids[0], "one");
-    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 3);
-    cleanup(&url, &p).await;
+    assert_eq!(app.queue_len("work").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_line_is_named_and_nothing_is_published() {
-    let (url, p) = (broker_url(), prefix("badline"));
+    let app = TestApp::new("badline", DelayBackend::Plugin);
     // Declare the topology so the queue can be counted afterwards.
-    publish(&url, &p, &[] as &[String]).await;
+    app.publish(&[] as &[String]).await;
     let lines = "{\"url\":\"http://127.0.0.1:9/a\"}\n{\"url\":\"ftp://nope/\"}\n";
-    let out = redeliver(&url, &p, &["publish", "--file", "-"], Some(lines));
+    let out = redeliver(&app, &["publish", "--file", "-"], Some(lines));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(stderr.contains("only http and https"), "{stderr}");
-    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 0);
+    assert_eq!(app.queue_len("work").await, 0);
     let out = redeliver(
-        &url,
-        &p,
+        &app,
         &["publish", "--url", "http://x/", "--body", "{not json"],
         None,
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not valid JSON"));
-    cleanup(&url, &p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_publish_with_flags_and_delay_is_delivered_late() {
-    let (url, p) = (broker_url(), prefix("delay"));
+    let app = TestApp::new("delay", DelayBackend::Plugin);
     let rx = Receiver::start(|_| Reply::status(200)).await;
-    let w = spawn_worker(&url, &p, schedule_settings("1s", 3, 4));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w = app.spawn_worker(schedule_settings("1s", 3, 4));
+    assert!(app.wait_consumers("work").await, "the worker consumes");
     let started = Instant::now();
     let target = rx.url("/cb");
     let args = [
@@ -92,7 +91,7 @@ async fn single_publish_with_flags_and_delay_is_delivered_late() {
         "--delay",
         "1500ms",
     ];
-    let out = redeliver(&url, &p, &args, None);
+    let out = redeliver(&app, &args, None);
     assert!(
         out.status.success(),
         "{}",
@@ -115,21 +114,19 @@ async fn single_publish_with_flags_and_delay_is_delivered_late() {
         "the --body text is sent as typed"
     );
     w.stop().await;
-    cleanup(&url, &p).await;
 }
 
 /// A quorum work queue gets a delivery limit it never reaches, instead of
 /// RabbitMQ 4.0+'s default of 20, past which a message would be dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_work_queue_has_no_reachable_delivery_limit() {
-    let (url, p) = (broker_url(), prefix("dlimit"));
-    let o = redeliver(&url, &p, &["publish", "--url", "http://127.0.0.1:9/"], None);
+    let app = TestApp::new("dlimit", DelayBackend::Plugin);
+    let o = redeliver(&app, &["publish", "--url", "http://127.0.0.1:9/"], None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let port = common::default_port();
     let args = ["rabbitmqctl", "-q", "list_queues", "name", "arguments"];
     let queues = common::ctl_output(port, &args);
-    cleanup(&url, &p).await;
-    let work = format!("{p}.work");
+    let work = app.name("work");
     let line = queues
         .lines()
         .find(|l| l.split_whitespace().next() == Some(work.as_str()));
@@ -141,10 +138,9 @@ async fn the_work_queue_has_no_reachable_delivery_limit() {
 /// `--queue-type` matters only when the work queue is first declared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_type_is_needed_only_once() {
-    let (url, p) = (broker_url(), prefix("qtype"));
+    let app = TestApp::new("qtype", DelayBackend::Plugin);
     let first = redeliver(
-        &url,
-        &p,
+        &app,
         &[
             "--queue-type",
             "classic",
@@ -159,12 +155,11 @@ async fn queue_type_is_needed_only_once() {
         "{}",
         String::from_utf8_lossy(&first.stderr)
     );
-    let later = redeliver(&url, &p, &["publish", "--url", "http://127.0.0.1:9/"], None);
+    let later = redeliver(&app, &["publish", "--url", "http://127.0.0.1:9/"], None);
     assert!(
         later.status.success(),
         "{}",
         String::from_utf8_lossy(&later.stderr)
     );
-    assert_eq!(queue_len(&url, &format!("{p}.work")).await, 2);
-    cleanup(&url, &p).await;
+    assert_eq!(app.queue_len("work").await, 2);
 }

@@ -6,6 +6,8 @@
 //! use is never touched, and takes that node down when it ends, passed or
 //! failed.
 
+mod common;
+
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
@@ -42,11 +44,8 @@ fn demo_starts_the_local_node_when_none_answers() {
     // nothing: start from none.
     let _ = ctl(&["down"]);
     assert!(!answers(), "something else listens on 127.0.0.1:{PORT}");
-    let mut demo = Command::new(env!("CARGO_BIN_EXE_redeliver"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("REDELIVER_")) {
-        demo.env_remove(k);
-    }
-    let out = demo
+    // No broker given, and none of this shell's REDELIVER_* variables.
+    let out = common::redeliver_command()
         .arg("demo")
         .env("REDELIVER_TEST_BROKER_PORT", PORT.to_string())
         .output()

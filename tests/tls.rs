@@ -7,14 +7,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::harness::{cleanup, wait_until};
+use common::harness::wait_until;
+use common::process::Proc;
 use common::receiver::{Receiver, Reply};
-use common::{ctl_env, DownWhenLast};
+use common::{ctl_env, DownWhenLast, TestApp};
+use redeliver::delay::DelayBackend;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
@@ -74,9 +75,9 @@ async fn https_front(tls_dir: &Path, plain: &str) -> String {
     format!("https://127.0.0.1:{}", addr.port())
 }
 
-fn amqps(prefix: &str) -> [String; 4] {
-    let url = format!("amqps://guest:guest@127.0.0.1:{TLS_PORT}/%2f");
-    ["--amqp-url".into(), url, "--prefix".into(), prefix.into()]
+/// The node's TLS listener.
+fn amqps() -> String {
+    format!("amqps://guest:guest@127.0.0.1:{TLS_PORT}/%2f")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,12 +85,12 @@ async fn amqps_broker_and_https_receiver() {
     let _node = node_guard();
     let (url, tls_dir) = tokio::task::spawn_blocking(node_up).await.unwrap();
     let ca = tls_dir.join("ca.pem");
-    let p = common::prefix("tls");
+    let app = TestApp::on(&url, "tls", DelayBackend::Plugin);
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let https = https_front(&tls_dir, &rx.base).await;
 
-    let publish = Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(amqps(&p))
+    let publish = app
+        .command_via(&amqps())
         .args([
             "publish",
             "--id",
@@ -104,17 +105,13 @@ async fn amqps_broker_and_https_receiver() {
     assert!(publish.status.success(), "publish over amqps: {stderr}");
     assert_eq!(String::from_utf8_lossy(&publish.stdout).trim(), "over-tls");
 
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(amqps(&p))
+    let mut worker = app.command_via(&amqps());
+    worker
         .args(["run", "--concurrency", "2"])
-        .env("SSL_CERT_FILE", &ca)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .env("SSL_CERT_FILE", &ca);
+    let worker = Proc::spawn(worker);
     let delivered = wait_until(Duration::from_secs(20), || rx.count() == 1).await;
-    let _ = worker.kill();
-    let _ = worker.wait();
-    cleanup(&url, &p).await;
+    drop(worker);
     assert!(delivered, "delivered to the https receiver through amqps");
     let r = &rx.requests()[0];
     assert_eq!((r.path.as_str(), r.id().as_str()), ("/hook", "over-tls"));
@@ -123,15 +120,15 @@ async fn amqps_broker_and_https_receiver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_broker_certificate_fails_at_once_with_a_hint() {
     let _node = node_guard();
-    tokio::task::spawn_blocking(node_up).await.unwrap();
-    let p = common::prefix("tlsbad");
+    let (url, _) = tokio::task::spawn_blocking(node_up).await.unwrap();
+    let app = TestApp::on(&url, "tlsbad", DelayBackend::Plugin);
     // An empty bundle: no root trusts the node's private CA.
-    let empty = std::env::temp_dir().join(format!("{p}-empty.pem"));
+    let empty = std::env::temp_dir().join(format!("{}-empty.pem", app.prefix));
     std::fs::write(&empty, "").unwrap();
     for args in [vec!["publish", "--url", "http://127.0.0.1:9/"], vec!["run"]] {
         let started = std::time::Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_redeliver"))
-            .args(amqps(&p))
+        let out = app
+            .command_via(&amqps())
             .args(&args)
             .env("SSL_CERT_FILE", &empty)
             .output()

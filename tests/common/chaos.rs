@@ -5,14 +5,17 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::BasicProperties;
 use serde_json::json;
 
-use super::harness::{broker, drain_dead, sigterm, wait_exit};
+use redeliver::delay::DelayBackend;
+
+use super::app::{command_for, TestApp};
+use super::harness::{sigterm, wait_exit};
 use super::receiver::{Receiver, Recorded, Reply};
 use super::{ctl, ctl_output};
 
@@ -51,8 +54,8 @@ pub fn load(rx: &Receiver, n: usize) -> Vec<(String, serde_json::Value)> {
 
 /// Publishes the whole load to the intake exchange as any AMQP producer
 /// would, pipelined, and waits for every confirm.
-pub async fn preload(url: &str, prefix: &str, load: &[(String, serde_json::Value)]) {
-    let b = broker(url, prefix);
+pub async fn preload(app: &TestApp, load: &[(String, serde_json::Value)]) {
+    let b = app.broker();
     let conn = b.url.connect("chaos preload").await.unwrap();
     let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
@@ -85,6 +88,7 @@ pub async fn preload(url: &str, prefix: &str, load: &[(String, serde_json::Value
 pub struct Fleet {
     url: String,
     prefix: String,
+    backend: DelayBackend,
     args: Vec<String>,
     procs: Vec<Child>,
     logs: PathBuf,
@@ -93,14 +97,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub fn start(url: &str, prefix: &str, n: usize, args: &[&str]) -> Fleet {
+    /// `n` workers of `app`'s prefix (`redeliver run ARGS`).
+    pub fn start(app: &TestApp, n: usize, args: &[&str]) -> Fleet {
         let logs = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("target/chaos")
-            .join(prefix);
+            .join(&app.prefix);
         std::fs::create_dir_all(&logs).unwrap();
         let mut f = Fleet {
-            url: url.into(),
-            prefix: prefix.into(),
+            url: app.url.clone(),
+            prefix: app.prefix.clone(),
+            backend: app.backend,
             args: args.iter().map(|s| s.to_string()).collect(),
             procs: vec![],
             logs,
@@ -117,8 +123,8 @@ impl Fleet {
     fn spawn(&mut self) -> Child {
         self.spawned += 1;
         let log = File::create(self.logs.join(format!("worker-{}.log", self.spawned))).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_redeliver"))
-            .args(["--amqp-url", &self.url, "--prefix", &self.prefix, "run"])
+        command_for(&self.url, &self.prefix, self.backend)
+            .arg("run")
             .args(&self.args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -239,20 +245,14 @@ impl Tally {
 /// Waits until every id is delivered or dead, and the work queue and the
 /// stand-in's store are empty twice in a row (so late duplicates are in).
 /// Returns the tally; `lost` holds the ids that never arrived anywhere.
-pub async fn settle(
-    url: &str,
-    prefix: &str,
-    ids: &[String],
-    rx: &Receiver,
-    within: Duration,
-) -> Tally {
+pub async fn settle(app: &TestApp, ids: &[String], rx: &Receiver, within: Duration) -> Tally {
     let deadline = Instant::now() + within;
-    let work = format!("{prefix}.work");
+    let work = app.name("work");
     let mut dead: HashMap<String, String> = HashMap::new();
     let mut dead_twice = 0;
     let mut quiet = 0;
     loop {
-        for d in drain_dead(url, prefix).await {
+        for d in app.drain_dead().await {
             let id = d.str(redeliver::message::state::H_ID).unwrap_or_default();
             let reason = d
                 .str(redeliver::message::state::H_DEAD_REASON)

@@ -213,9 +213,12 @@ impl Route {
         Route { conn, to, inbox }
     }
 
-    /// A route on the shared node, named after `test`.
-    pub async fn shared(test: &str, kind: QueueKind) -> Self {
-        Route::open(&super::broker_url(), &super::prefix(test), kind).await
+    /// The route `<prefix>.route` of `app`, on its broker; dropping the
+    /// app deletes it too.
+    pub async fn of(app: &super::TestApp, kind: QueueKind) -> Self {
+        let name = app.name("route");
+        app.delete_on_drop(&[&format!("{name}-q")], &[&name]);
+        Route::open(&app.url, &name, kind).await
     }
 
     /// Deletes the exchange and queue and closes the connection.

@@ -1,5 +1,7 @@
-//! Starting workers in-process, publishing, reading dead letters, cleaning up.
+//! What [`super::app::TestApp`] builds on: in-process workers and holders,
+//! publishing, dead letters, queue counts, and waiting on conditions.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
@@ -7,17 +9,51 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use redeliver::config::{AmqpUrl, BrokerSettings, WorkerSettings};
 use redeliver::policy::{parse_schedule, Backoff, RetryPolicy};
-use redeliver::topology::{QueueType, Topology};
-use redeliver::HttpDeliverer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// A `redeliver::run` task, stopped and checked with [`Worker::stop`]; the
+/// [`super::TestApp`] that started it stops it when a test fails first.
 pub struct Worker {
     pub token: CancellationToken,
     pub join: JoinHandle<Result<(), redeliver::worker::WorkerError>>,
+    running: Running,
+}
+
+/// Held by a spawned task until it ends: the task runs while a clone is
+/// alive beyond this one.
+#[derive(Clone, Default)]
+pub struct Running(Arc<()>);
+
+impl Running {
+    pub fn is_running(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
+    }
 }
 
 impl Worker {
+    pub fn spawn(
+        b: BrokerSettings,
+        settings: WorkerSettings,
+        handler: impl redeliver::DeliveryHandler,
+    ) -> Worker {
+        let (token, running) = (CancellationToken::new(), Running::default());
+        let (t, r) = (token.clone(), running.clone());
+        let join = tokio::spawn(async move {
+            let _running = r;
+            redeliver::run(&b, settings, handler, t).await
+        });
+        Worker {
+            token,
+            join,
+            running,
+        }
+    }
+
+    pub fn running(&self) -> &Running {
+        &self.running
+    }
+
     pub async fn stop(self) {
         self.token.cancel();
         let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
@@ -27,12 +63,42 @@ impl Worker {
     }
 }
 
-pub fn broker(url: &str, prefix: &str) -> BrokerSettings {
-    BrokerSettings {
-        url: AmqpUrl::new(url),
-        prefix: prefix.into(),
-        queue_type: QueueType::Quorum,
-        delay: super::backend_of(prefix),
+/// A `redeliver::delay::hold::run` task, for tests that consume the work queue
+/// themselves but need the cascade's short delays held.
+pub struct Holder {
+    token: CancellationToken,
+    join: JoinHandle<Result<(), redeliver::delay::hold::HoldError>>,
+    running: Running,
+}
+
+impl Holder {
+    pub fn spawn(b: &BrokerSettings) -> Holder {
+        let (b, token, running) = (b.clone(), CancellationToken::new(), Running::default());
+        let (t, r) = (token.clone(), running.clone());
+        let join = tokio::spawn(async move {
+            let _running = r;
+            redeliver::delay::hold::run(&b, t).await
+        });
+        Holder {
+            token,
+            join,
+            running,
+        }
+    }
+
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    pub fn running(&self) -> &Running {
+        &self.running
+    }
+
+    /// Stops it and returns how it ended.
+    pub async fn stop(self) -> Result<(), redeliver::delay::hold::HoldError> {
+        self.token.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
+        r.expect("holder stops").expect("holder task")
     }
 }
 
@@ -47,31 +113,10 @@ pub fn schedule_settings(schedule: &str, max_attempts: u32, concurrency: usize) 
     }
 }
 
-pub fn spawn_worker(url: &str, prefix: &str, settings: WorkerSettings) -> Worker {
-    let handler = HttpDeliverer::new(Duration::from_secs(5), settings.concurrency).unwrap();
-    spawn_worker_with(url, prefix, settings, handler)
-}
-
-/// A worker with a handler of the test's choosing.
-pub fn spawn_worker_with(
-    url: &str,
-    prefix: &str,
-    settings: WorkerSettings,
-    handler: impl redeliver::DeliveryHandler,
-) -> Worker {
-    let token = CancellationToken::new();
-    let b = broker(url, prefix);
-    let t = token.clone();
-    let join = tokio::spawn(async move { redeliver::run(&b, settings, handler, t).await });
-    Worker { token, join }
-}
-
-/// Publishes notifications (JSON objects or their exact text) through the
-/// library, with confirms.
-pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -> Vec<String> {
-    let b = broker(url, prefix);
+/// Publishes notifications through the library, with confirms.
+pub(super) async fn publish(b: &BrokerSettings, notifications: &[impl ToString]) -> Vec<String> {
     let conn = b.url.connect("test publish").await.unwrap();
-    let t = redeliver::delay::declare_topology(&b, &conn).await.unwrap();
+    let t = redeliver::delay::declare_topology(b, &conn).await.unwrap();
     let p = redeliver::publish::Publisher::new(&conn, t, b.delay, Duration::from_secs(30))
         .await
         .unwrap();
@@ -85,12 +130,33 @@ pub async fn publish(url: &str, prefix: &str, notifications: &[impl ToString]) -
     ids
 }
 
-/// Declares the topology and publishes raw bytes to the intake exchange,
-/// as any AMQP producer could.
-pub async fn publish_raw(url: &str, prefix: &str, payload: &[u8], headers: Option<FieldTable>) {
-    let intake = format!("{prefix}.notifications");
-    let items = [(payload.to_vec(), headers.unwrap_or_default())];
-    publish_confirmed(url, prefix, &intake, "", &items).await;
+/// Declares the prefix's topology, then publishes persistent messages with
+/// confirms.
+pub(super) async fn publish_confirmed(
+    b: &BrokerSettings,
+    exchange: &str,
+    key: &str,
+    items: &[(Vec<u8>, FieldTable)],
+) {
+    let conn = b.url.connect("test publish").await.unwrap();
+    redeliver::delay::declare_topology(b, &conn).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    for (payload, headers) in items {
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(headers.clone());
+        let opts = BasicPublishOptions::default();
+        let confirm = ch
+            .basic_publish(exchange.into(), key.into(), opts, payload, props)
+            .await
+            .unwrap();
+        assert!(
+            confirm.await.unwrap().is_ack(),
+            "the broker confirmed the message"
+        );
+    }
+    let _ = conn.close(200, "".into()).await;
 }
 
 #[derive(Debug)]
@@ -111,17 +177,14 @@ impl DeadLetter {
     }
 }
 
-/// Takes every message off the dead-letter queue (none when it is missing).
-pub async fn drain_dead(url: &str, prefix: &str) -> Vec<DeadLetter> {
-    let conn = AmqpUrl::new(url).connect("test dead").await.unwrap();
+/// Takes every message off `queue` (none when it is missing).
+pub(super) async fn drain(url: &str, queue: &str) -> Vec<DeadLetter> {
+    let conn = AmqpUrl::new(url).connect("test drain").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    let queue = format!("{prefix}.dead");
     let mut out = vec![];
     loop {
-        let got = ch
-            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-            .await;
-        let m = match got {
+        let got = ch.basic_get(queue.into(), BasicGetOptions { no_ack: true });
+        let m = match got.await {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(e) if e.is_amqp_soft_error() => break,
@@ -139,7 +202,7 @@ pub async fn drain_dead(url: &str, prefix: &str) -> Vec<DeadLetter> {
 
 /// Messages and consumers of a queue (passive declare), or `None` when it
 /// does not exist.
-async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
+pub(super) async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
     let conn = AmqpUrl::new(url).connect("test count").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     let passive = QueueDeclareOptions {
@@ -151,60 +214,6 @@ async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
         .await;
     let _ = conn.close(200, "".into()).await;
     q.ok().map(|q| (q.message_count(), q.consumer_count()))
-}
-
-/// Message count of a queue (passive declare).
-pub async fn queue_len(url: &str, queue: &str) -> u32 {
-    let counts = queue_counts(url, queue).await;
-    counts.unwrap_or_else(|| panic!("{queue} exists")).0
-}
-
-/// Waits (up to 15 s) until `queue` exists and has a consumer.
-pub async fn wait_consumers(url: &str, queue: &str) -> bool {
-    for _ in 0..150 {
-        if queue_counts(url, queue).await.is_some_and(|(_, c)| c > 0) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
-/// A `redeliver::delay::hold::run` task, for tests that consume the work queue
-/// themselves but need the cascade's short delays held.
-pub struct Holder {
-    token: CancellationToken,
-    join: JoinHandle<Result<(), redeliver::delay::hold::HoldError>>,
-}
-
-impl Holder {
-    pub fn spawn(b: &BrokerSettings) -> Holder {
-        let (b, token) = (b.clone(), CancellationToken::new());
-        let t = token.clone();
-        let join = tokio::spawn(async move { redeliver::delay::hold::run(&b, t).await });
-        Holder { token, join }
-    }
-
-    /// Stops it and returns how it ended.
-    pub async fn stop(self) -> Result<(), redeliver::delay::hold::HoldError> {
-        self.token.cancel();
-        let r = tokio::time::timeout(Duration::from_secs(40), self.join).await;
-        r.expect("holder stops").expect("holder task")
-    }
-}
-
-/// Drains the dead-letter queue until it has given at least `n` (about
-/// 10 s at most), returning what it gave.
-pub async fn wait_dead(url: &str, p: &str, n: usize) -> Vec<DeadLetter> {
-    let mut dead = vec![];
-    for _ in 0..100 {
-        dead.extend(drain_dead(url, p).await);
-        if dead.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    dead
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.
@@ -219,63 +228,47 @@ pub async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
     cond()
 }
 
-/// Deletes the prefix's exchanges and queues.
-pub async fn cleanup(url: &str, prefix: &str) {
-    let conn = AmqpUrl::new(url).connect("test cleanup").await.unwrap();
-    // Both backends' names; deleting what does not exist is a no-op.
-    let _ = redeliver::delay::delete(&Topology::new(prefix), &conn).await;
-    let _ = conn.close(200, "".into()).await;
+/// Polls the async `cond` (a broker query, an HTTP call) every 50 ms until
+/// it holds or `timeout` passes.
+pub async fn wait_until_async(timeout: Duration, cond: impl AsyncFnMut() -> bool) -> bool {
+    poll_every(Duration::from_millis(50), timeout, cond).await
 }
 
-/// Publishes straight into a queue (default exchange), with confirms.
-pub async fn publish_to_queue(
-    url: &str,
-    prefix: &str,
-    queue: &str,
-    items: &[(Vec<u8>, FieldTable)],
-) {
-    publish_confirmed(url, prefix, "", queue, items).await;
-}
-
-/// Declares the prefix's topology, then publishes persistent messages with
-/// confirms.
-async fn publish_confirmed(
-    url: &str,
-    prefix: &str,
-    exchange: &str,
-    key: &str,
-    items: &[(Vec<u8>, FieldTable)],
-) {
-    let b = broker(url, prefix);
-    let conn = b.url.connect("test publish").await.unwrap();
-    redeliver::delay::declare_topology(&b, &conn).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
-    for (payload, headers) in items {
-        let props = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(headers.clone());
-        let opts = BasicPublishOptions::default();
-        let confirm = ch
-            .basic_publish(exchange.into(), key.into(), opts, payload, props)
-            .await
-            .unwrap();
-        assert!(
-            confirm.await.unwrap().is_ack(),
-            "the broker confirmed the message"
-        );
+/// Polls the async `cond` every `interval` until it holds or `timeout`
+/// passes: a wide interval for costly checks (`rabbitmqctl`), a narrow one
+/// to catch a moment.
+pub async fn poll_every(
+    interval: Duration,
+    timeout: Duration,
+    mut cond: impl AsyncFnMut() -> bool,
+) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(interval).await;
     }
-    let _ = conn.close(200, "".into()).await;
+    cond().await
 }
 
-/// Runs the built `redeliver` binary with the broker and prefix set.
-pub fn cli(url: &str, prefix: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_redeliver"))
-        .args(["--amqp-url", url, "--prefix", prefix])
-        .args(["--delay-backend", super::backend_of(prefix).as_str()])
-        .args(args)
-        .output()
-        .expect("run redeliver")
+/// A deliberate quiet window, not a wait for something: asserts that
+/// `count` (e.g. requests received) does not change for `window`, so a
+/// late duplicate or an extra attempt would be seen. Returns the count.
+pub async fn assert_quiet_for(window: Duration, what: &str, count: impl Fn() -> usize) -> usize {
+    let before = count();
+    tokio::time::sleep(window).await;
+    let after = count();
+    assert_eq!(after, before, "{what}: more arrived within {window:?}");
+    after
+}
+
+/// RabbitMQ 3.10 persists a quorum queue's Ra registration lazily: one
+/// declared seconds before a broker `kill -9` comes back without a leader.
+/// Nothing observable says when it is safe, so tests that kill the broker
+/// let the queues age this long first.
+pub async fn let_quorum_queues_age() {
+    tokio::time::sleep(Duration::from_secs(3)).await;
 }
 
 /// SIGTERM: a graceful stop.
@@ -294,12 +287,13 @@ pub fn wait_exit(c: &mut std::process::Child, within: Duration) -> std::process:
         }
         if start.elapsed() > within {
             let _ = c.kill();
-            panic!("redeliver run did not exit within {within:?}");
+            panic!("redeliver did not exit within {within:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
+/// The stdout of a successful run; fails the test with its stderr otherwise.
 pub fn stdout(o: &std::process::Output) -> String {
     assert!(
         o.status.success(),

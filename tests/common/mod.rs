@@ -1,5 +1,6 @@
 //! Test helpers shared by the integration tests: the local broker node,
-//! AMQP connections and per-test name prefixes.
+//! AMQP connections, per-test name prefixes, and [`TestApp`], through which
+//! the tests use a prefix and start the binary.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -7,7 +8,6 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use lapin::{Connection, ConnectionProperties};
-use redeliver::delay::DelayBackend;
 
 /// Port of the shared test node (see `tests/broker/ctl`).
 pub fn default_port() -> u16 {
@@ -121,38 +121,6 @@ impl Drop for DownWhenLast {
     }
 }
 
-/// Which delay backend each test prefix runs on (see [`prefix_on`]): the
-/// harness reads it, so a test body is written once for both backends.
-static BACKENDS: std::sync::Mutex<Vec<(String, DelayBackend)>> = std::sync::Mutex::new(Vec::new());
-
-/// A fresh prefix whose worker, publishes and CLI calls use `backend`.
-pub fn prefix_on(test: &str, backend: DelayBackend) -> String {
-    let p = prefix(&format!("{}-{test}", backend.as_str()));
-    if let Ok(mut b) = BACKENDS.lock() {
-        b.push((p.clone(), backend));
-    }
-    p
-}
-
-/// The backend a prefix was made for; the plugin for plain [`prefix`]es.
-pub fn backend_of(prefix: &str) -> DelayBackend {
-    BACKENDS
-        .lock()
-        .ok()
-        .and_then(|b| b.iter().find(|(p, _)| p == prefix).map(|(_, d)| *d))
-        .unwrap_or_default()
-}
-
-/// The broker a backend's tests run on: the local test node for both. The
-/// cascade needs no plugin (tests/cascade.rs proves it on the plain system
-/// broker), but it declares 120 quorum queues per prefix, and the Debian
-/// broker's default limit of 1,024 file descriptors lets RabbitMQ 3.x hold
-/// only ~300 quorum queues before new connections block; the test node
-/// runs with 20,000.
-pub fn url_for(_backend: DelayBackend) -> String {
-    broker_url()
-}
-
 /// Runs each `async fn NAME(DelayBackend)` as two tests, `plugin::NAME` and
 /// `cascade::NAME`: one body, both backends.
 #[macro_export]
@@ -177,7 +145,13 @@ macro_rules! both_backends {
     };
 }
 
+pub mod app;
 pub mod chaos;
+pub mod dead_letters;
 pub mod delayed;
 pub mod harness;
+pub mod process;
 pub mod receiver;
+
+#[allow(unused_imports)] // not every test file starts the binary
+pub use app::{redeliver_command, TestApp};
