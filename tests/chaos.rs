@@ -1,7 +1,8 @@
 //! Chaos: 3 real worker processes, 5,000 notifications, a receiver that
 //! fails 30% of requests and hangs on 5% past the timeout, and one of:
-//! workers killed with SIGKILL, broker restarts and a broker kill, or a
-//! 20 s receiver outage. Each scenario asserts that every notification
+//! workers killed with SIGKILL, broker restarts and a broker kill, a 20 s
+//! receiver outage, or a second endpoint that hangs for 15 s (500 more
+//! notifications) while workers are killed. Each scenario asserts that every notification
 //! ends delivered or dead-lettered with a reason, that none is lost, that
 //! duplicates stay within what was in flight at the crash moments, and
 //! that the receiver never saw more than workers x concurrency requests at
@@ -13,7 +14,9 @@
 //! before it confirms, so there is no confirm window to cover; the settle
 //! is tested in `tests/reliability.rs`) and `--prefetch 16`, so each
 //! worker's unacked messages, and the duplicates a crash can cause, are
-//! bounded by 16.
+//! bounded by 16. The first three give every worker one endpoint cap of
+//! 16 (their receiver is the whole load); the hanging-endpoint scenario
+//! runs per-endpoint isolation with a cap of 4 and parking places.
 
 mod common;
 
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::chaos::*;
 use common::harness::let_quorum_queues_age;
-use common::receiver::Receiver;
+use common::receiver::{Receiver, Reply};
 use common::{ctl, DownWhenLast, TestApp};
 use redeliver::delay::DelayBackend;
 
@@ -37,15 +40,23 @@ static FINISHED: AtomicUsize = AtomicUsize::new(0);
 fn node_guard() -> DownWhenLast {
     DownWhenLast {
         port: PORT,
-        users: 3,
+        users: 4,
         finished: &FINISHED,
     }
 }
 
 fn worker_args(schedule: &str) -> Vec<String> {
+    isolation_args(schedule, CONCURRENCY, CONCURRENCY)
+}
+
+/// `endpoint_cap` per endpoint; `prefetch` beyond the concurrency is the
+/// parking room.
+fn isolation_args(schedule: &str, endpoint_cap: usize, prefetch: usize) -> Vec<String> {
     [
         "--concurrency",
         &CONCURRENCY.to_string(),
+        "--endpoint-concurrency",
+        &endpoint_cap.to_string(),
         "--timeout",
         "1s",
         "--schedule",
@@ -55,7 +66,7 @@ fn worker_args(schedule: &str) -> Vec<String> {
         "--retry-settle",
         "0s",
         "--prefetch",
-        &CONCURRENCY.to_string(),
+        &prefetch.to_string(),
         "--shutdown-grace",
         "5s",
     ]
@@ -71,23 +82,36 @@ struct Setup {
     fleet: Fleet,
     app: TestApp,
     rx: Receiver,
+    /// A second endpoint, when the scenario has one.
+    other: Option<Receiver>,
     ids: Vec<String>,
     started: Instant,
 }
 
 async fn setup(name: &str, schedule: &str) -> Setup {
+    setup_with(name, None, 0, &worker_args(schedule)).await
+}
+
+/// `extra` more notifications (ids `h-0..`) go to `other`.
+async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[String]) -> Setup {
     let url = tokio::task::spawn_blocking(node_up).await.unwrap();
     let app = TestApp::on(&url, name, DelayBackend::Plugin);
     let rx = Receiver::start(flaky).await;
-    let load = load(&rx, N);
+    let mut load = load(&rx, N);
+    if let Some(o) = &other {
+        load.extend((0..extra).map(|i| {
+            let id = format!("h-{i}");
+            (id.clone(), serde_json::json!({"url": o.url("/"), "id": id}))
+        }));
+    }
     preload(&app, &load).await;
     let_quorum_queues_age().await;
-    let args = worker_args(schedule);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let fleet = Fleet::start(&app, WORKERS, &args);
     Setup {
         app,
         rx,
+        other,
         ids: load.into_iter().map(|(id, _)| id).collect(),
         fleet,
         started: Instant::now(),
@@ -96,7 +120,8 @@ async fn setup(name: &str, schedule: &str) -> Setup {
 
 /// Settles, stops the fleet, prints the figures and asserts the promise.
 async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
-    let t = settle(&s.app, &s.ids, &s.rx, Duration::from_secs(240)).await;
+    let rxs: Vec<&Receiver> = std::iter::once(&s.rx).chain(s.other.as_ref()).collect();
+    let t = settle(&s.app, &s.ids, &rxs, Duration::from_secs(240)).await;
     let elapsed = s.started.elapsed();
     let running = s.fleet.all_running();
     let statuses = tokio::task::spawn_blocking(move || {
@@ -112,10 +137,11 @@ async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
     reasons.sort();
     reasons.dedup();
     println!(
-        "chaos {name}: {N} notifications in {:.1} s: delivered {}, dead {} (reasons {reasons:?}), \
+        "chaos {name}: {} notifications in {:.1} s: delivered {}, dead {} (reasons {reasons:?}), \
          lost {}, attempts {}, duplicate successes {} (bound {dup_bound}), \
          redeliveries logged {redelivered}, worker kills {}, max in flight {max_in_flight} \
          (limit {}), logs in {}",
+        s.ids.len(),
         elapsed.as_secs_f64(),
         t.delivered.len(),
         t.dead.len(),
@@ -234,4 +260,43 @@ async fn chaos_receiver_outage() {
     // Nothing crashes here; at worst the requests cut off by the outage.
     let bound = WORKERS * CONCURRENCY;
     finish(s, "receiver down 20 s", bound).await;
+}
+
+/// Scenario 4: a second endpoint takes 10% more notifications and hangs
+/// past the timeout for its first 15 s, then recovers, while a worker is
+/// SIGKILLed every 3 s. Per-endpoint isolation is on (a cap of 4 of 16,
+/// 32 parking places): deliveries to the hanging endpoint are parked,
+/// deferred, and held back by its breaker; none may be lost, the kills
+/// included, and it never sees more than its cap per worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_hanging_endpoint() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let _node = node_guard();
+    let t0 = Instant::now();
+    let hang = Receiver::start(move |_| {
+        if t0.elapsed() < Duration::from_secs(15) {
+            Reply::status(200).delay(Duration::from_secs(60))
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    const CAP: usize = 4;
+    const PREFETCH: usize = CONCURRENCY + 32;
+    let args = isolation_args("50ms,100ms,200ms,500ms,1s", CAP, PREFETCH);
+    let mut s = setup_with("hang", Some(hang), N / 10, &args).await;
+    for i in 0..5 {
+        // The chaos's own pace, not a wait for something.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        s.fleet.kill9_and_restart(i % WORKERS);
+    }
+    // The receiver cannot tell a killed worker's hanging requests from
+    // live ones until their sleep ends, so each kill may add a cap's worth.
+    let hang_peak = s.other.as_ref().map_or(0, |r| r.max_in_flight());
+    let cap_bound = CAP * (WORKERS + s.fleet.kills);
+    println!("hanging endpoint: at most {hang_peak} requests at once (bound {cap_bound})");
+    assert!(hang_peak <= cap_bound, "the endpoint cap held");
+    // Each kill can duplicate what that worker held unacked: its prefetch.
+    let bound = s.fleet.kills * PREFETCH;
+    finish(s, "hanging endpoint + worker kill -9", bound).await;
 }

@@ -131,10 +131,9 @@ fn half_open_lets_one_probe_through_and_a_success_closes_it() {
 fn failed_probes_double_the_open_time_up_to_the_cap() {
     let (p, t0) = (policy(), Instant::now());
     let mut b = opened(&p, t0);
-    let mut now = t0;
     let mut opens = vec![];
     for _ in 0..4 {
-        now = match b.state() {
+        let now = match b.state() {
             State::Open { until } => until,
             s => panic!("not open: {s:?}"),
         };

@@ -224,9 +224,9 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn from_receiver(rx: &Receiver) -> Tally {
+    fn from_receivers(rxs: &[&Receiver]) -> Tally {
         let mut t = Tally::default();
-        for r in rx.requests() {
+        for r in rxs.iter().flat_map(|rx| rx.requests()) {
             t.attempts += 1;
             if r.reply == 200 && !t.delivered.insert(r.id()) {
                 t.duplicates += 1;
@@ -245,7 +245,7 @@ impl Tally {
 /// Waits until every id is delivered or dead, and the work queue and the
 /// stand-in's store are empty twice in a row (so late duplicates are in).
 /// Returns the tally; `lost` holds the ids that never arrived anywhere.
-pub async fn settle(app: &TestApp, ids: &[String], rx: &Receiver, within: Duration) -> Tally {
+pub async fn settle(app: &TestApp, ids: &[String], rxs: &[&Receiver], within: Duration) -> Tally {
     let deadline = Instant::now() + within;
     let work = app.name("work");
     let mut dead: HashMap<String, String> = HashMap::new();
@@ -261,7 +261,7 @@ pub async fn settle(app: &TestApp, ids: &[String], rx: &Receiver, within: Durati
                 dead_twice += 1;
             }
         }
-        let mut t = Tally::from_receiver(rx);
+        let mut t = Tally::from_receivers(rxs);
         t.dead = dead.clone();
         t.duplicates += dead_twice;
         let w = work.clone();

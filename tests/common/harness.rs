@@ -103,14 +103,20 @@ impl Holder {
 }
 
 pub fn schedule_settings(schedule: &str, max_attempts: u32, concurrency: usize) -> WorkerSettings {
-    WorkerSettings {
+    let mut s = WorkerSettings {
         concurrency,
         policy: RetryPolicy {
             max_attempts,
             backoff: Backoff::Schedule(parse_schedule(schedule).unwrap()),
         },
         ..Default::default()
-    }
+    };
+    // Tests of other features send everything to one receiver, often one
+    // that fails on purpose: per-endpoint limits and the breaker would get
+    // in their way. tests/isolation.rs turns them on.
+    s.endpoints.concurrency = Some(concurrency);
+    s.endpoints.breaker.failures = 0;
+    s
 }
 
 /// Publishes notifications through the library, with confirms.
