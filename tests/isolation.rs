@@ -279,7 +279,6 @@ async fn max_age_expires_to_the_dead_letter_queue() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    w.stop().await;
     assert_eq!(dead_count, 2, "both dead-lettered");
     let out = app.cli(&["dlq", "list", "--reason", "expired", "--json"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -290,14 +289,29 @@ async fn max_age_expires_to_the_dead_letter_queue() {
     );
     assert_eq!(text.lines().count(), 2, "{text}");
     assert!(text.contains("by-flag") && text.contains("by-own"));
-    let dead = app.drain_dead().await;
-    assert!(dead
-        .iter()
-        .all(|d| d.str(H_DEAD_REASON).as_deref() == Some("expired")));
     let attempts = attempts_by_id(&rx);
     // Tried every 300 ms until expired: several attempts, not 100.
     assert!(attempts["by-flag"].len() >= 3 && attempts["by-flag"].len() < 10);
     assert!(attempts["by-own"].len() >= 2 && attempts["by-own"].len() < 10);
+    // A replay starts a new age: it is attempted again from attempt 1,
+    // not expired on arrival.
+    let out = app.cli(&["dlq", "replay", "--reason", "expired", "--all"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first_again = |rx: &Receiver| {
+        let a = attempts_by_id(rx);
+        a["by-flag"].iter().filter(|n| *n == "1").count() == 2
+    };
+    let replayed = wait_until(Duration::from_secs(20), || first_again(&rx)).await;
+    w.stop().await;
+    assert!(replayed, "the replayed notification was attempted afresh");
+    let dead = app.drain_dead().await;
+    assert!(dead
+        .iter()
+        .all(|d| d.str(H_DEAD_REASON).as_deref() == Some("expired")));
 }
 
 /// `redeliver run` killed with `-9` while deliveries are parked (read from

@@ -69,6 +69,10 @@ fn endpoint_settings(a: &EndpointArgs) -> anyhow::Result<EndpointSettings> {
     if a.breaker_open.is_zero() {
         bail!("--breaker-open must be more than 0s");
     }
+    // Deferrals to a half-open time go through the delay backend.
+    if a.breaker_max_open > policy::MAX_DELAY {
+        bail!("--breaker-max-open is beyond the delayed exchange's limit (49 days)");
+    }
     Ok(EndpointSettings {
         concurrency: a.endpoint_concurrency.map(usize::from),
         rate: a.endpoint_rate,

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{EndpointLimits, EndpointSettings, Route, Routes};
 use crate::policy::{Breaker, Gate, Pacer, WaitReason};
@@ -171,7 +171,8 @@ impl Endpoint {
         let spacing = (per / cap).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
         let earliest = now + wait;
         let slot = st.deferred_until.map_or(earliest, |u| u.max(earliest));
-        let slot = slot.min(now + MAX_SCHEDULE);
+        // Never sooner than it could go (a `1/h` rate waits its hour).
+        let slot = slot.min(earliest.max(now + MAX_SCHEDULE));
         st.deferred_until = Some(slot + spacing);
         Admission::Defer {
             wait: slot - now,
@@ -179,14 +180,21 @@ impl Endpoint {
         }
     }
 
-    /// How long a delivery parked now would wait for a free slot: the
-    /// queue ahead of it at the average latency, or at least how long the
-    /// endpoint has made no progress at all (a hanging receiver).
+    /// How long a delivery parked now would wait for its turn: the queue
+    /// ahead of it at the average latency, or at its rate, and at least how
+    /// long the endpoint has made no progress at all (a hanging receiver).
+    /// So no endpoint holds more parking places than it can serve in
+    /// [`PARK_WAIT`].
     fn park_estimate(&self, st: &State, now: Instant) -> Duration {
         let per = st.latency.unwrap_or_default();
         let queued = u32::try_from(st.parked + 1).unwrap_or(u32::MAX);
         let cap = u32::try_from(self.limits.concurrency.max(1)).unwrap_or(u32::MAX);
-        (per.saturating_mul(queued) / cap).max(now.saturating_duration_since(st.progress))
+        let by_rate = self.limits.rate.map_or(Duration::ZERO, |r| {
+            st.pacer.wait(now) + r.interval().saturating_mul(queued - 1)
+        });
+        (per.saturating_mul(queued) / cap)
+            .max(by_rate)
+            .max(now.saturating_duration_since(st.progress))
     }
 }
 
@@ -214,18 +222,22 @@ impl Endpoints {
         }
     }
 
-    /// Waits until a parking place is free, so the worker pulls no more
-    /// deliveries than it can park (backpressure when every endpoint is
-    /// busy). Returns at once when parking is off.
-    pub async fn wait_for_room(&self) {
-        if self.settings.max_parked > 0 {
-            // Taken and given back at once: only the wait matters.
-            let _ = self.room.acquire().await;
+    /// A parking place for the next delivery, taken *before* it is pulled
+    /// (like its concurrency slot): the worker pulls no more deliveries
+    /// than it can park, so a delivery never has to be deferred for want
+    /// of a place (backpressure when every endpoint is busy). `None` when
+    /// parking is off.
+    pub async fn place(&self) -> Option<OwnedSemaphorePermit> {
+        match self.settings.max_parked {
+            0 => None,
+            _ => self.room.clone().acquire_owned().await.ok(),
         }
     }
 
-    /// The answer for a delivery to `url`; see [`Admission`].
-    pub fn try_admit(&self, url: &url::Url) -> Admission {
+    /// The answer for a delivery to `url`; see [`Admission`]. `place` is
+    /// the parking place taken for it ([`Endpoints::place`]), kept only if
+    /// it parks.
+    pub fn try_admit(&self, url: &url::Url, place: Option<OwnedSemaphorePermit>) -> Admission {
         let route = self.routes.find(url);
         let ep = self.endpoint(url, route);
         let now = Instant::now();
@@ -235,20 +247,22 @@ impl Endpoints {
             return ep.deferral(&mut st, now, wait, why.into());
         }
         let permit = ep.permits.clone().try_acquire_owned().ok();
-        let (wait, reason) = match &permit {
-            Some(_) => (rate_wait(&ep, &st, now), DeferReason::Rate),
-            None => (ep.park_estimate(&st, now), DeferReason::Busy),
-        };
-        let permit = match (permit, wait.is_zero()) {
-            (Some(p), true) => return pass::go(&ep, &mut st, p, now, false),
-            (p, _) => p,
+        if permit.is_some() && pass::rate_wait_at(&ep, &st, now).is_zero() {
+            if let Some(p) = permit {
+                return pass::go(&ep, &mut st, p, now);
+            }
+        }
+        let wait = ep.park_estimate(&st, now);
+        let reason = match (&permit, ep.limits.rate) {
+            (Some(_), Some(_)) => DeferReason::Rate,
+            _ => DeferReason::Busy,
         };
         if wait > PARK_WAIT {
             return ep.deferral(&mut st, now, wait, reason);
         }
-        match self.room.clone().try_acquire_owned() {
-            Ok(ticket) => Admission::Park(Parked::new(ep.clone(), &mut st, ticket, permit)),
-            Err(_) => ep.deferral(&mut st, now, wait.max(PARK_WAIT), DeferReason::Busy),
+        match place {
+            Some(place) => Admission::Park(Parked::new(ep.clone(), &mut st, place, permit)),
+            None => ep.deferral(&mut st, now, wait.max(PARK_WAIT), DeferReason::Busy),
         }
     }
 
@@ -303,14 +317,6 @@ pub fn endpoint_key(url: &url::Url) -> String {
         url.host_str().unwrap_or(""),
         url.port_or_known_default().unwrap_or(0)
     )
-}
-
-/// How long until the endpoint's rate allows an attempt (zero: no rate).
-fn rate_wait(ep: &Endpoint, st: &State, now: Instant) -> Duration {
-    match ep.limits.rate {
-        Some(_) => st.pacer.wait(now),
-        None => Duration::ZERO,
-    }
 }
 
 /// Forgets the least recently used tenth of the endpoints that nobody is

@@ -21,25 +21,26 @@ pub struct Pass {
     ep: Arc<Endpoint>,
     _permit: OwnedSemaphorePermit,
     probe: bool,
+    /// The breaker's generation when it started.
+    generation: u64,
     started: Instant,
     reported: bool,
 }
 
 /// Takes the breaker's answer for real (a probe, if half-open) and the
-/// rate's turn (unless `reserved` already), and lets the delivery go.
+/// rate's turn, and lets the delivery go.
 pub(super) fn go(
     ep: &Arc<Endpoint>,
     st: &mut State,
     permit: OwnedSemaphorePermit,
     now: Instant,
-    reserved: bool,
 ) -> Admission {
     let probe = match st.breaker.gate(now, &ep.limits.breaker, true) {
         Gate::Wait(wait, why) => return ep.deferral(st, now, wait, why.into()),
         Gate::Probe => true,
         Gate::Pass => false,
     };
-    if let (Some(rate), false) = (ep.limits.rate, reserved) {
+    if let Some(rate) = ep.limits.rate {
         st.pacer.reserve(now, rate);
     }
     if st.in_flight == 0 {
@@ -56,6 +57,7 @@ pub(super) fn go(
         ep: ep.clone(),
         _permit: permit,
         probe,
+        generation: st.breaker.generation(),
         started: now,
         reported: false,
     })
@@ -84,8 +86,8 @@ impl Pass {
             let mut st = self.ep.state();
             st.latency = Some(st.latency.map_or(took, |l| (l * 4 + took) / 5));
             st.progress = now;
-            st.breaker
-                .record(now, &self.ep.limits.breaker, signal, self.probe)
+            let (p, gen) = (&self.ep.limits.breaker, self.generation);
+            st.breaker.record(now, p, signal, self.probe, gen)
         };
 
         if let Some(t) = transition {
@@ -99,7 +101,7 @@ impl Drop for Pass {
         let mut st = self.ep.state();
         st.in_flight = st.in_flight.saturating_sub(1);
         if self.probe && !self.reported {
-            st.breaker.release_probe();
+            st.breaker.release_probe(self.generation);
         }
         let label = self.ep.label.clone();
         metrics::gauge!(telemetry::ENDPOINT_IN_FLIGHT, "endpoint" => label).decrement(1.0);
@@ -158,27 +160,39 @@ impl Parked {
         }
     }
 
-    /// Waits, in arrival order, for a concurrency permit of the endpoint
-    /// and then for its rate turn. Ends in `Go`, or in `Defer` when the
-    /// endpoint stalled ([`PARK_TIMEOUT`]), its breaker opened or paused it
-    /// meanwhile, or its rate turn is far.
-    pub async fn wait(mut self) -> Admission {
+    /// Waits, in arrival order, for a concurrency permit of the endpoint,
+    /// then for its rate turn, then for a worker slot from `take_slot`
+    /// (dropping what it returns gives the slot back). The rate turn is
+    /// taken only with the slot in hand, so deliveries that waited for
+    /// slots never start together above the rate. Ends in `Go` with the
+    /// slot, or in `Defer` (without one) when the endpoint stalled
+    /// ([`PARK_TIMEOUT`]), its breaker opened or paused it meanwhile, or
+    /// its rate turn is far.
+    pub async fn wait<S, F, Fut>(mut self, mut take_slot: F) -> (Admission, Option<S>)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = S>,
+    {
         let permit = match self.permit.take() {
             Some(p) => p,
             None => match self.acquire().await {
                 Ok(p) => p,
-                Err(deferred) => return deferred,
+                Err(deferred) => return (deferred, None),
             },
         };
-        let turn = match self.rate_turn() {
-            Ok(turn) => turn,
-            Err(deferred) => return deferred,
-        };
-        if let Some(t) = turn {
-            tokio::time::sleep(t).await;
+        loop {
+            if let Err(deferred) = self.until_turn().await {
+                return (deferred, None);
+            }
+            let slot = take_slot().await;
+            let now = Instant::now();
+            let mut st = self.ep.state();
+            if !rate_wait_at(&self.ep, &st, now).is_zero() {
+                // Another delivery took this turn meanwhile.
+                continue;
+            }
+            return (go(&self.ep, &mut st, permit, now), Some(slot));
         }
-        let mut st = self.ep.state();
-        go(&self.ep, &mut st, permit, Instant::now(), turn.is_some())
     }
 
     /// Waits for a concurrency permit, looking every [`STALL_CHECK`]
@@ -207,22 +221,36 @@ impl Parked {
         }
     }
 
-    /// Takes the rate's next turn if it is near: `Ok(Some(wait))` (taken),
-    /// `Ok(None)` (no wait; `go` takes it), or `Err` with the deferral.
-    fn rate_turn(&self) -> Result<Option<Duration>, Admission> {
-        let now = Instant::now();
-        let mut st = self.ep.state();
-        if let Gate::Wait(wait, why) = st.breaker.gate(now, &self.ep.limits.breaker, false) {
-            return Err(self.ep.deferral(&mut st, now, wait, why.into()));
-        }
-        let Some(rate) = self.ep.limits.rate else {
-            return Ok(None);
+    /// Sleeps until the endpoint's rate allows an attempt, if that is near
+    /// ([`PARK_WAIT`]); `Err` with the deferral otherwise, or when its
+    /// breaker is open or it is paused.
+    async fn until_turn(&self) -> Result<(), Admission> {
+        let wait = {
+            let now = Instant::now();
+            let mut st = self.ep.state();
+            let breaker = &self.ep.limits.breaker;
+            if let Gate::Wait(wait, why) = st.breaker.gate(now, breaker, false) {
+                return Err(self.ep.deferral(&mut st, now, wait, why.into()));
+            }
+            match rate_wait_at(&self.ep, &st, now) {
+                w if w > PARK_WAIT => {
+                    return Err(self.ep.deferral(&mut st, now, w, DeferReason::Rate))
+                }
+                w => w,
+            }
         };
-        match st.pacer.wait(now) {
-            w if w.is_zero() => Ok(None),
-            w if w > PARK_WAIT => Err(self.ep.deferral(&mut st, now, w, DeferReason::Rate)),
-            _ => Ok(Some(st.pacer.reserve(now, rate))),
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
+        Ok(())
+    }
+}
+
+/// How long until the endpoint's rate allows an attempt (zero: no rate).
+pub(super) fn rate_wait_at(ep: &Endpoint, st: &State, now: Instant) -> Duration {
+    match ep.limits.rate {
+        Some(_) => st.pacer.wait(now),
+        None => Duration::ZERO,
     }
 }
 

@@ -14,7 +14,8 @@ use lapin::{BasicProperties, Connection};
 
 use crate::message::dead_letter::{DeadLetter, Filter};
 use crate::message::state::{
-    H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DELAY, H_FIRST_AT, H_LAST_ERROR, H_LAST_STATUS,
+    H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DEFERRALS, H_DELAY, H_FIRST_AT, H_FIRST_SEEN,
+    H_LAST_ERROR, H_LAST_STATUS,
 };
 use crate::publish::{PublishError, Publisher};
 use crate::topology::Topology;
@@ -108,14 +109,18 @@ pub async fn walk(
     Ok(s)
 }
 
-/// The properties for a replay: the attempt counter and the death record
-/// are dropped; the id and the attempt history stay.
+/// The properties for a replay: the attempt counter, the deferral count,
+/// when its age started and the death record are dropped (so a replayed
+/// `expired` notification gets a new max age); the id and the attempt
+/// history stay.
 fn fresh(props: &BasicProperties) -> BasicProperties {
     let stale = [
         H_ATTEMPT,
         H_DEAD_AT,
         H_DEAD_REASON,
         H_FIRST_AT,
+        H_FIRST_SEEN,
+        H_DEFERRALS,
         H_LAST_ERROR,
         H_LAST_STATUS,
         H_DELAY,
@@ -133,4 +138,25 @@ fn fresh(props: &BasicProperties) -> BasicProperties {
         })
         .unwrap_or_default();
     crate::publish::republish_properties(props, headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::AMQPValue;
+
+    /// A replayed notification starts afresh: no attempts, no deferrals and
+    /// no age (an `expired` one would otherwise expire again on arrival).
+    #[test]
+    fn a_replay_forgets_attempts_deferrals_and_age() {
+        let mut h = FieldTable::default();
+        for k in [H_ATTEMPT, H_FIRST_AT, H_FIRST_SEEN, H_DEFERRALS, H_DEAD_AT] {
+            h.insert(k.into(), AMQPValue::LongLongInt(7));
+        }
+        h.insert("redeliver-id".into(), AMQPValue::LongLongInt(1));
+        let props = fresh(&BasicProperties::default().with_headers(h));
+        let kept = props.headers().clone().unwrap_or_default();
+        let names: Vec<&str> = kept.inner().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["redeliver-id"]);
+    }
 }

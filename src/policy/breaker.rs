@@ -137,6 +137,11 @@ pub struct Breaker {
     /// Openings since it last closed: each doubles the open time.
     trips: u32,
     paused_until: Option<Instant>,
+    /// Goes up each time it opens. An attempt reports the generation it
+    /// started in; one that started before the last opening (a hanging
+    /// attempt that times out after it half-opened) is not a probe and
+    /// must not reopen or close it.
+    generation: u64,
 }
 
 impl Breaker {
@@ -147,11 +152,17 @@ impl Breaker {
             window: (now, 0, 0),
             trips: 0,
             paused_until: None,
+            generation: 0,
         }
     }
 
     pub fn state(&self) -> State {
         self.state
+    }
+
+    /// The generation an attempt starting now reports with.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Asks to attempt now; a `Probe` answer is counted until reported
@@ -184,23 +195,33 @@ impl Breaker {
         }
     }
 
-    /// A probe that was taken but not attempted (shut down, deferred).
-    pub fn release_probe(&mut self) {
+    /// A probe of `generation` that was taken but not attempted (shut
+    /// down, deferred).
+    pub fn release_probe(&mut self, generation: u64) {
+        if generation != self.generation {
+            return;
+        }
         if let State::HalfOpen { probing } = &mut self.state {
             *probing = probing.saturating_sub(1);
         }
     }
 
-    /// Records an attempt's signal; `probe`: it was let through as one.
+    /// Records an attempt's signal; `probe`: it was let through as one;
+    /// `generation`: [`Breaker::generation`] when it started. Results of
+    /// attempts that started before the last opening are ignored.
     pub fn record(
         &mut self,
         now: Instant,
         p: &BreakerPolicy,
         signal: Signal,
         probe: bool,
+        generation: u64,
     ) -> Option<Transition> {
+        if generation != self.generation {
+            return None;
+        }
         if probe {
-            self.release_probe();
+            self.release_probe(generation);
         }
         match signal {
             Signal::Nothing => None,
@@ -256,6 +277,7 @@ impl Breaker {
             State::Closed => return None,
         };
         self.trips += 1;
+        self.generation += 1;
         let for_ = open_for(p, self.trips);
         self.state = State::Open { until: now + for_ };
         self.window = (now, 0, 0);

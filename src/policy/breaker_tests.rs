@@ -46,12 +46,24 @@ fn signals_say_what_an_attempt_tells_about_the_endpoint() {
 fn consecutive_failures_open_it_and_a_success_resets_the_count() {
     let (p, t0) = (policy(), Instant::now());
     let mut b = Breaker::new(t0);
-    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
-    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
-    assert_eq!(b.record(t0, &p, Signal::Alive, false), None);
-    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
-    assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
-    let opened = b.record(t0, &p, Signal::Failure, false);
+    assert_eq!(
+        b.record(t0, &p, Signal::Failure, false, b.generation()),
+        None
+    );
+    assert_eq!(
+        b.record(t0, &p, Signal::Failure, false, b.generation()),
+        None
+    );
+    assert_eq!(b.record(t0, &p, Signal::Alive, false, b.generation()), None);
+    assert_eq!(
+        b.record(t0, &p, Signal::Failure, false, b.generation()),
+        None
+    );
+    assert_eq!(
+        b.record(t0, &p, Signal::Failure, false, b.generation()),
+        None
+    );
+    let opened = b.record(t0, &p, Signal::Failure, false, b.generation());
     assert_eq!(
         opened,
         Some(Transition::Opened {
@@ -76,9 +88,13 @@ fn a_failure_ratio_over_the_window_opens_it() {
         } else {
             Signal::Failure
         };
-        assert_eq!(b.record(t0, &p, s, false), None, "attempt {i}");
+        assert_eq!(
+            b.record(t0, &p, s, false, b.generation()),
+            None,
+            "attempt {i}"
+        );
     }
-    let t = b.record(t0, &p, Signal::Failure, false);
+    let t = b.record(t0, &p, Signal::Failure, false, b.generation());
     assert!(
         matches!(t, Some(Transition::Opened { ref reason, .. }) if reason == "5 of 10 attempts failed")
     );
@@ -94,17 +110,20 @@ fn the_window_forgets_old_attempts() {
         } else {
             Signal::Failure
         };
-        b.record(t0, &p, s, false);
+        b.record(t0, &p, s, false, b.generation());
     }
     // Eleven seconds later the window is new: one failure is not a ratio.
-    assert_eq!(b.record(t0 + secs(11.0), &p, Signal::Failure, false), None);
+    assert_eq!(
+        b.record(t0 + secs(11.0), &p, Signal::Failure, false, b.generation()),
+        None
+    );
     assert_eq!(b.state(), State::Closed);
 }
 
 fn opened(p: &BreakerPolicy, t0: Instant) -> Breaker {
     let mut b = Breaker::new(t0);
     for _ in 0..p.failures {
-        b.record(t0, p, Signal::Failure, false);
+        b.record(t0, p, Signal::Failure, false, b.generation());
     }
     assert!(matches!(b.state(), State::Open { .. }));
     b
@@ -122,7 +141,7 @@ fn half_open_lets_one_probe_through_and_a_success_closes_it() {
         Gate::Wait(secs(0.5), WaitReason::Probing),
         "one probe at a time"
     );
-    let t = b.record(t1 + secs(0.1), &p, Signal::Alive, true);
+    let t = b.record(t1 + secs(0.1), &p, Signal::Alive, true, b.generation());
     assert_eq!(t, Some(Transition::Closed));
     assert_eq!(b.gate(t1 + secs(0.1), &p, true), Gate::Pass);
 }
@@ -138,7 +157,7 @@ fn failed_probes_double_the_open_time_up_to_the_cap() {
             s => panic!("not open: {s:?}"),
         };
         assert_eq!(b.gate(now, &p, true), Gate::Probe);
-        match b.record(now, &p, Signal::Failure, true) {
+        match b.record(now, &p, Signal::Failure, true, b.generation()) {
             Some(Transition::Opened { for_, reason }) => {
                 assert_eq!(reason, "a probe failed");
                 opens.push(for_.as_secs());
@@ -154,12 +173,12 @@ fn failed_probes_double_the_open_time_up_to_the_cap() {
     };
     assert_eq!(b.gate(until, &p, true), Gate::Probe);
     assert_eq!(
-        b.record(until, &p, Signal::Alive, true),
+        b.record(until, &p, Signal::Alive, true, b.generation()),
         Some(Transition::Closed)
     );
     let mut again = None;
     for _ in 0..3 {
-        again = b.record(until, &p, Signal::Failure, false);
+        again = b.record(until, &p, Signal::Failure, false, b.generation());
     }
     assert!(matches!(again, Some(Transition::Opened { for_, .. }) if for_ == secs(1.0)));
 }
@@ -170,7 +189,7 @@ fn a_released_probe_lets_the_next_one_through() {
     let mut b = opened(&p, t0);
     let t1 = t0 + secs(1.0);
     assert_eq!(b.gate(t1, &p, true), Gate::Probe);
-    b.release_probe();
+    b.release_probe(b.generation());
     assert_eq!(b.gate(t1, &p, true), Gate::Probe);
 }
 
@@ -178,7 +197,10 @@ fn a_released_probe_lets_the_next_one_through() {
 fn retry_after_pauses_the_endpoint_without_opening_it() {
     let (p, t0) = (policy(), Instant::now());
     let mut b = Breaker::new(t0);
-    assert_eq!(b.record(t0, &p, Signal::Pause(secs(2.0)), false), None);
+    assert_eq!(
+        b.record(t0, &p, Signal::Pause(secs(2.0)), false, b.generation()),
+        None
+    );
     assert_eq!(
         b.gate(t0 + secs(0.5), &p, true),
         Gate::Wait(secs(1.5), WaitReason::Paused)
@@ -187,7 +209,7 @@ fn retry_after_pauses_the_endpoint_without_opening_it() {
     assert_eq!(b.state(), State::Closed);
     // A pause is capped by max_open, so a hostile Retry-After cannot
     // silence an endpoint for a day.
-    b.record(t0, &p, Signal::Pause(secs(86_400.0)), false);
+    b.record(t0, &p, Signal::Pause(secs(86_400.0)), false, b.generation());
     assert_eq!(
         b.gate(t0, &p, true),
         Gate::Wait(secs(4.0), WaitReason::Paused)
@@ -203,12 +225,34 @@ fn turned_off_it_never_opens_but_still_pauses() {
     let t0 = Instant::now();
     let mut b = Breaker::new(t0);
     for _ in 0..100 {
-        assert_eq!(b.record(t0, &p, Signal::Failure, false), None);
+        assert_eq!(
+            b.record(t0, &p, Signal::Failure, false, b.generation()),
+            None
+        );
     }
     assert_eq!(b.gate(t0, &p, true), Gate::Pass);
-    b.record(t0, &p, Signal::Pause(secs(1.0)), false);
+    b.record(t0, &p, Signal::Pause(secs(1.0)), false, b.generation());
     assert!(matches!(
         b.gate(t0, &p, true),
         Gate::Wait(_, WaitReason::Paused)
     ));
+}
+
+#[test]
+fn attempts_that_started_before_it_opened_do_not_move_it() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    let old = b.generation();
+    for _ in 0..3 {
+        b.record(t0, &p, Signal::Failure, false, old);
+    }
+    let t1 = t0 + secs(1.0);
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    // A hanging attempt from before the opening times out now: not a probe.
+    assert_eq!(b.record(t1, &p, Signal::Failure, false, old), None);
+    assert_eq!(b.record(t1, &p, Signal::Alive, false, old), None);
+    assert!(matches!(b.state(), State::HalfOpen { probing: 1 }));
+    // The real probe decides.
+    let t = b.record(t1, &p, Signal::Alive, true, b.generation());
+    assert_eq!(t, Some(Transition::Closed));
 }

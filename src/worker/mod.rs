@@ -65,6 +65,7 @@ pub async fn run<H: DeliveryHandler>(
         .max_parked
         .min(prefetch(&settings).saturating_sub(settings.concurrency));
     let shared = Shared {
+        slot_wanted: Arc::new(tokio::sync::Notify::new()),
         slots: Arc::new(Semaphore::new(settings.concurrency)),
         endpoints: Arc::new(Endpoints::new(
             endpoints,
@@ -122,6 +123,8 @@ pub(crate) struct Shared {
     /// The `--concurrency` slots: HTTP attempts in flight.
     pub slots: Arc<Semaphore>,
     pub endpoints: Arc<Endpoints>,
+    /// Parked deliveries ask the pump for its idle slot through it.
+    pub slot_wanted: Arc<tokio::sync::Notify>,
 }
 
 /// One connection's life: `Ok` on shutdown, `Err` when the connection failed.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 use lapin::Acker;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -43,6 +43,8 @@ pub struct Context<H> {
     pub slots: Arc<Semaphore>,
     /// Per-endpoint limits and breakers, shared by every session.
     pub endpoints: Arc<Endpoints>,
+    /// Notified when a parked delivery waits for a slot (see [`take_slot`]).
+    pub slot_wanted: Arc<Notify>,
 }
 
 /// How long a delivery whose republish failed waits before it is requeued,
@@ -52,23 +54,45 @@ const REQUEUE_BACKOFF: Duration = Duration::from_secs(1);
 /// A delivery's place in the concurrency limit. It is freed as soon as the
 /// HTTP attempt is over: waiting for a republish confirm, or the retry
 /// settle, is not a request in flight. The prefetch room covers those.
-pub struct Slot(Option<(OwnedSemaphorePermit, GaugeGuard)>);
+/// Until its endpoint admits it, it also holds a parking place, which it
+/// keeps only if it parks.
+pub struct Slot {
+    permit: Option<SlotPermit>,
+    place: Option<OwnedSemaphorePermit>,
+}
 
 impl Slot {
-    pub fn new(permit: OwnedSemaphorePermit) -> Self {
-        Slot(Some((permit, GaugeGuard::new(telemetry::IN_FLIGHT))))
-    }
-    pub(super) fn free(&mut self) {
-        self.0.take();
+    pub fn new(permit: OwnedSemaphorePermit, place: Option<OwnedSemaphorePermit>) -> Self {
+        Slot {
+            permit: Some((permit, GaugeGuard::new(telemetry::IN_FLIGHT))),
+            place,
+        }
     }
 
-    /// Takes a slot again (after parking), in turn with the consumer.
-    async fn take(&mut self, slots: &Arc<Semaphore>) {
-        if let Ok(p) = slots.clone().acquire_owned().await {
-            *self = Slot::new(p);
+    pub(super) fn free(&mut self) {
+        self.permit.take();
+        self.place.take();
+    }
+}
+
+/// A slot for a delivery that was parked, in turn with the consumer. While
+/// every slot is taken it keeps asking the pump (`wanted`) to give back
+/// the one it holds while it waits for the next delivery: with
+/// `--concurrency 1` on a quiet queue that one would never come back.
+async fn take_slot(slots: &Arc<Semaphore>, wanted: &Notify) -> Option<SlotPermit> {
+    let mut acquire = std::pin::pin!(slots.clone().acquire_owned());
+    loop {
+        tokio::select! {
+            p = &mut acquire => return p.ok().map(|p| (p, GaugeGuard::new(telemetry::IN_FLIGHT))),
+            _ = tokio::time::sleep(SLOT_NUDGE) => wanted.notify_one(),
         }
     }
 }
+
+/// How long a parked delivery waits for a slot before it nudges the pump.
+const SLOT_NUDGE: Duration = Duration::from_millis(20);
+
+type SlotPermit = (OwnedSemaphorePermit, GaugeGuard);
 
 /// What became of a delivery before its own ack: the copy it needed, if
 /// any, was confirmed.
@@ -213,14 +237,13 @@ async fn handle<H: DeliveryHandler>(
         slot.free();
         return dead_letter_expired(ctx, d, &st, &n.id).await;
     }
-    let admission = match ctx.endpoints.try_admit(&n.url) {
+    let admission = match ctx.endpoints.try_admit(&n.url, slot.place.take()) {
         Admission::Park(parked) => {
             // Waiting for its endpoint is not a request in flight.
             slot.free();
-            let admission = parked.wait().await;
-            if matches!(admission, Admission::Go(_)) {
-                slot.take(&ctx.slots).await;
-            }
+            let (slots, wanted) = (&ctx.slots, &ctx.slot_wanted);
+            let (admission, permit) = parked.wait(|| take_slot(slots, wanted)).await;
+            slot.permit = permit.flatten();
             admission
         }
         other => other,
@@ -272,8 +295,10 @@ async fn attempt<H: DeliveryHandler>(
     let age = Duration::from_millis(st.age_ms(at_ms));
     pass.start();
     let result = ctx.handler.deliver(&n, attempt).await;
-    slot.free();
+    // The endpoint's permit before the slot: a delivery pulled into the
+    // freed slot must not find its endpoint still counting this one.
     pass.finish(policy::signal(&result));
+    slot.free();
     let span = HttpSpan {
         start,
         end: Instant::now(),

@@ -100,6 +100,7 @@ impl<H: DeliveryHandler> Session<H> {
             broken: CancellationToken::new(),
             slots: shared.slots.clone(),
             endpoints: shared.endpoints.clone(),
+            slot_wanted: shared.slot_wanted.clone(),
         });
         Ok(Session {
             ctx,
@@ -113,23 +114,23 @@ impl<H: DeliveryHandler> Session<H> {
     }
 
     /// Pulls deliveries into tasks until `shutdown` (`Ok`) or until the
-    /// session breaks (`Err`). A concurrency permit is taken *before* the
-    /// next delivery is pulled, so a delivery never waits for a slot, and
-    /// only while a parking place is free, so a delivery whose endpoint is
-    /// busy can give its slot back and wait.
+    /// session breaks (`Err`). A parking place and a concurrency permit
+    /// are taken *before* the next delivery is pulled, so a delivery never
+    /// waits for a slot, and one whose endpoint is busy can give its slot
+    /// back and wait in its place.
     pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> Result<(), WorkerError> {
         let slots = self.ctx.slots.clone();
         loop {
-            let permit = tokio::select! {
+            let (place, permit) = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 p = async {
-                    self.ctx.endpoints.wait_for_room().await;
-                    slots.clone().acquire_owned().await
+                    let place = self.ctx.endpoints.place().await;
+                    (place, slots.clone().acquire_owned().await)
                 } => match p {
-                    Ok(p) => p,
-                    Err(_) => return Ok(()),
+                    (place, Ok(p)) => (place, p),
+                    (_, Err(_)) => return Ok(()),
                 },
             };
             if !self.ctx.publisher.is_connected() {
@@ -139,13 +140,17 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
+                // A parked delivery needs a slot and all are taken: give
+                // this idle one back (it is first in line) and take another.
+                _ = self.ctx.slot_wanted.notified() => continue,
                 d = self.consumer.next() => d,
             };
             match delivery {
                 Some(Ok(d)) => {
                     let (ctx, pulled) = (self.ctx.clone(), Instant::now());
+                    let slot = Slot::new(permit, place);
                     self.tracker
-                        .spawn(async move { process(ctx, d, pulled, Slot::new(permit)).await });
+                        .spawn(async move { process(ctx, d, pulled, slot).await });
                 }
                 Some(Err(e)) => return Err(e.into()),
                 None => return Err(WorkerError::ConsumerCancelled),
