@@ -7,12 +7,35 @@ use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{info, warn};
 
-use super::{Admission, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT};
+use super::state::{rate_wait_at, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT};
 
 /// How often a parked delivery looks whether its endpoint stalled.
 const STALL_CHECK: Duration = Duration::from_millis(100);
 use crate::policy::{Gate, Signal, Transition};
 use crate::telemetry;
+
+/// What to do with a delivery before its attempt.
+pub enum Admission {
+    /// Attempt it now and report the result through the pass.
+    Go(Pass),
+    /// Give the concurrency slot back and [`Parked::wait`].
+    Park(Parked),
+    /// Republish it to come back after `wait` (at least; the worker adds
+    /// jitter and backoff, see [`defer_delay`]). No attempt is spent.
+    Defer { wait: Duration, reason: DeferReason },
+}
+
+/// The deferral for `wait` (see [`Endpoint::deferral`]).
+pub(super) fn defer(
+    ep: &Endpoint,
+    st: &mut State,
+    now: Instant,
+    wait: Duration,
+    reason: DeferReason,
+) -> Admission {
+    let (wait, reason) = ep.deferral(st, now, wait, reason);
+    Admission::Defer { wait, reason }
+}
 
 /// Leave to attempt a delivery: holds one of the endpoint's concurrency
 /// permits until dropped. Report the attempt with [`Pass::finish`]; a pass
@@ -36,7 +59,7 @@ pub(super) fn go(
     now: Instant,
 ) -> Admission {
     let probe = match st.breaker.gate(now, &ep.limits.breaker, true) {
-        Gate::Wait(wait, why) => return ep.deferral(st, now, wait, why.into()),
+        Gate::Wait(wait, why) => return defer(ep, st, now, wait, why.into()),
         Gate::Probe => true,
         Gate::Pass => false,
     };
@@ -216,7 +239,7 @@ impl Parked {
             let estimate = self.ep.park_estimate(&st, now);
             if closed || estimate > PARK_WAIT || now.duration_since(started) >= PARK_TIMEOUT {
                 let wait = estimate.max(PARK_WAIT);
-                return Err(self.ep.deferral(&mut st, now, wait, DeferReason::Busy));
+                return Err(defer(&self.ep, &mut st, now, wait, DeferReason::Busy));
             }
         }
     }
@@ -230,11 +253,11 @@ impl Parked {
             let mut st = self.ep.state();
             let breaker = &self.ep.limits.breaker;
             if let Gate::Wait(wait, why) = st.breaker.gate(now, breaker, false) {
-                return Err(self.ep.deferral(&mut st, now, wait, why.into()));
+                return Err(defer(&self.ep, &mut st, now, wait, why.into()));
             }
             match rate_wait_at(&self.ep, &st, now) {
                 w if w > PARK_WAIT => {
-                    return Err(self.ep.deferral(&mut st, now, w, DeferReason::Rate))
+                    return Err(defer(&self.ep, &mut st, now, w, DeferReason::Rate))
                 }
                 w => w,
             }
@@ -243,14 +266,6 @@ impl Parked {
             tokio::time::sleep(wait).await;
         }
         Ok(())
-    }
-}
-
-/// How long until the endpoint's rate allows an attempt (zero: no rate).
-pub(super) fn rate_wait_at(ep: &Endpoint, st: &State, now: Instant) -> Duration {
-    match ep.limits.rate {
-        Some(_) => st.pacer.wait(now),
-        None => Duration::ZERO,
     }
 }
 

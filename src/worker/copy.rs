@@ -8,7 +8,7 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 use tracing::{debug, warn};
 
-use super::process::{Context, Done, HttpSpan};
+use super::context::{Context, Done, HttpSpan};
 use crate::clock::now_ms;
 use crate::endpoint::{defer_delay, DeferReason};
 use crate::message::state::{self, AttemptRecord, RetryState};

@@ -1,6 +1,7 @@
 //! The consume loop: bounded concurrency, explicit shutdown, and
 //! reconnection after the broker connection is lost.
 
+mod context;
 mod copy;
 mod error;
 pub(crate) mod process;
@@ -21,7 +22,7 @@ use crate::deliver::DeliveryHandler;
 use crate::endpoint::Endpoints;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::telemetry;
-use session::Session;
+use session::{Session, Shared};
 
 /// A session that lasted this long resets the reconnect backoff.
 const STABLE_SESSION: Duration = Duration::from_secs(30);
@@ -55,24 +56,7 @@ pub async fn run<H: DeliveryHandler>(
         });
     }
     let handler = Arc::new(handler);
-    // Both outlive connections: deliveries still finishing from a lost
-    // connection count against the next one's bounds, and an endpoint's
-    // breaker does not forget a dead receiver on a broker hiccup.
-    let mut endpoints = settings.endpoints.clone();
-    // Parked deliveries are unacked: they must fit in the prefetch beside
-    // the slots, or the broker would stop sending while they wait.
-    endpoints.max_parked = endpoints
-        .max_parked
-        .min(prefetch(&settings).saturating_sub(settings.concurrency));
-    let shared = Shared {
-        slot_wanted: Arc::new(tokio::sync::Notify::new()),
-        slots: Arc::new(Semaphore::new(settings.concurrency)),
-        endpoints: Arc::new(Endpoints::new(
-            endpoints,
-            settings.concurrency,
-            settings.routes.clone(),
-        )),
-    };
+    let shared = shared(&settings);
     metrics::gauge!(telemetry::CONCURRENCY).set(settings.concurrency as f64);
     // Present from the start, so dashboards and alerts see 0, not "no data".
     metrics::counter!(telemetry::RECONNECTS).increment(0);
@@ -104,6 +88,28 @@ pub async fn run<H: DeliveryHandler>(
     }
 }
 
+/// The slots and the endpoints' state. Both outlive connections:
+/// deliveries still finishing from a lost connection count against the
+/// next one's bounds, and an endpoint's breaker does not forget a dead
+/// receiver on a broker hiccup.
+fn shared(settings: &WorkerSettings) -> Shared {
+    let mut endpoints = settings.endpoints.clone();
+    // Parked deliveries are unacked: they must fit in the prefetch beside
+    // the slots, or the broker would stop sending while they wait.
+    endpoints.max_parked = endpoints
+        .max_parked
+        .min(prefetch(settings).saturating_sub(settings.concurrency));
+    Shared {
+        slot_wanted: Arc::new(tokio::sync::Notify::new()),
+        slots: Arc::new(Semaphore::new(settings.concurrency)),
+        endpoints: Arc::new(Endpoints::new(
+            endpoints,
+            settings.concurrency,
+            settings.routes.clone(),
+        )),
+    }
+}
+
 /// 200 ms doubling to 30 s, with equal jitter so a fleet of workers does not
 /// reconnect in lockstep after a broker restart.
 fn reconnect_policy() -> RetryPolicy {
@@ -116,15 +122,6 @@ fn reconnect_policy() -> RetryPolicy {
             jitter: Jitter::Equal,
         },
     }
-}
-
-/// What every session of one worker shares.
-pub(crate) struct Shared {
-    /// The `--concurrency` slots: HTTP attempts in flight.
-    pub slots: Arc<Semaphore>,
-    pub endpoints: Arc<Endpoints>,
-    /// Parked deliveries ask the pump for its idle slot through it.
-    pub slot_wanted: Arc<tokio::sync::Notify>,
 }
 
 /// One connection's life: `Ok` on shutdown, `Err` when the connection failed.

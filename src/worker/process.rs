@@ -13,39 +13,21 @@ use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 use lapin::Acker;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
+
 use tracing::{info, warn};
 
+use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use crate::amqp::requeue;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
-use crate::endpoint::{Admission, Endpoints, Pass};
+use crate::endpoint::{Admission, Pass};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy};
-use crate::publish::{PublishError, Publisher};
+use crate::publish::PublishError;
 use crate::telemetry::{self, GaugeGuard};
-
-/// What every delivery task of one connection shares.
-pub struct Context<H> {
-    pub handler: Arc<H>,
-    pub publisher: Publisher,
-    pub settings: WorkerSettings,
-    /// Cancelled when the shutdown grace is over: unfinished deliveries are
-    /// then nacked back to the queue.
-    pub hard_stop: CancellationToken,
-    /// Cancelled when republishing fails in a way a new connection (and a
-    /// fresh topology declaration) may cure: unroutable or unconfirmed.
-    pub broken: CancellationToken,
-    /// The worker's concurrency slots, which a parked delivery takes again.
-    pub slots: Arc<Semaphore>,
-    /// Per-endpoint limits and breakers, shared by every session.
-    pub endpoints: Arc<Endpoints>,
-    /// Notified when a parked delivery waits for a slot (see [`take_slot`]).
-    pub slot_wanted: Arc<Notify>,
-}
 
 /// How long a delivery whose republish failed waits before it is requeued,
 /// so a broken broker path is not hammered with HTTP attempts.
@@ -93,16 +75,6 @@ async fn take_slot(slots: &Arc<Semaphore>, wanted: &Notify) -> Option<SlotPermit
 const SLOT_NUDGE: Duration = Duration::from_millis(20);
 
 type SlotPermit = (OwnedSemaphorePermit, GaugeGuard);
-
-/// What became of a delivery before its own ack: the copy it needed, if
-/// any, was confirmed.
-pub(super) enum Done {
-    /// Delivered (with the HTTP attempt's span, for the overhead trace) or
-    /// dead-lettered: ack it.
-    Ack(Option<HttpSpan>),
-    /// Its retry copy was confirmed: ack it, after `--retry-settle`.
-    Retried,
-}
 
 /// Processes one delivery, from decoding to its ack (or requeue). `pulled`
 /// is when the worker took it off the consumer, for the overhead trace.
@@ -186,19 +158,6 @@ async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
     };
     if let Err(e) = result {
         warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
-    }
-}
-
-/// When the delivery handler was called and when it returned.
-#[derive(Clone, Copy)]
-pub(super) struct HttpSpan {
-    start: Instant,
-    end: Instant,
-}
-
-impl HttpSpan {
-    pub(super) fn millis(&self) -> u64 {
-        self.end.duration_since(self.start).as_millis() as u64
     }
 }
 

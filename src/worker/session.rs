@@ -9,16 +9,18 @@ use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::context::Context;
 use super::error::WorkerError;
-use super::process::{process, Context, Slot};
-use super::Shared;
+use super::process::{process, Slot};
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
 use crate::delay::hold::Holder;
 use crate::deliver::DeliveryHandler;
+use crate::endpoint::Endpoints;
 use crate::publish::Publisher;
 use crate::telemetry;
 use crate::topology::Topology;
@@ -33,6 +35,15 @@ pub fn prefetch(settings: &WorkerSettings) -> usize {
         .prefetch
         .unwrap_or(settings.concurrency + room)
         .min(usize::from(u16::MAX))
+}
+
+/// What every session of one worker shares.
+pub(super) struct Shared {
+    /// The `--concurrency` slots: HTTP attempts in flight.
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) endpoints: Arc<Endpoints>,
+    /// Parked deliveries ask the pump for its idle slot through it.
+    pub(super) slot_wanted: Arc<Notify>,
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).

@@ -1,0 +1,54 @@
+//! What the stages of one delivery share: the session's [`Context`], what
+//! became of a delivery ([`Done`]) and its HTTP attempt's [`HttpSpan`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerSettings;
+use crate::endpoint::Endpoints;
+use crate::publish::Publisher;
+
+/// What every delivery task of one connection shares.
+pub struct Context<H> {
+    pub handler: Arc<H>,
+    pub publisher: Publisher,
+    pub settings: WorkerSettings,
+    /// Cancelled when the shutdown grace is over: unfinished deliveries are
+    /// then nacked back to the queue.
+    pub hard_stop: CancellationToken,
+    /// Cancelled when republishing fails in a way a new connection (and a
+    /// fresh topology declaration) may cure: unroutable or unconfirmed.
+    pub broken: CancellationToken,
+    /// The worker's concurrency slots, which a parked delivery takes again.
+    pub slots: Arc<Semaphore>,
+    /// Per-endpoint limits and breakers, shared by every session.
+    pub endpoints: Arc<Endpoints>,
+    /// Notified when a parked delivery waits for a slot (see `process::take_slot`).
+    pub slot_wanted: Arc<Notify>,
+}
+
+/// What became of a delivery before its own ack: the copy it needed, if
+/// any, was confirmed.
+pub(crate) enum Done {
+    /// Delivered (with the HTTP attempt's span, for the overhead trace) or
+    /// dead-lettered: ack it.
+    Ack(Option<HttpSpan>),
+    /// Its retry copy was confirmed: ack it, after `--retry-settle`.
+    Retried,
+}
+
+/// When the delivery handler was called and when it returned.
+#[derive(Clone, Copy)]
+pub(crate) struct HttpSpan {
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
+}
+
+impl HttpSpan {
+    pub(crate) fn millis(&self) -> u64 {
+        self.end.duration_since(self.start).as_millis() as u64
+    }
+}
