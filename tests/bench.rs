@@ -33,6 +33,7 @@ fn quick_bench_runs_every_phase() {
         "6 delay accuracy",
         "7 memory and CPU",
         "8 horizontal",
+        "9 noisy neighbour",
     ] {
         let measured = figures
             .iter()

@@ -249,7 +249,16 @@ async fn admin_endpoint_metrics_and_json_logs() {
             "{needle} missing from:\n{metrics}"
         );
     }
-    assert!(!metrics.contains("127.0.0.1"), "no URL or host in labels");
+    // A host appears only as the bounded per-endpoint label (host:port),
+    // never as a URL or a path.
+    let endpoint = rx.url("").trim_start_matches("http://").to_string();
+    for line in metrics.lines().filter(|l| l.contains("127.0.0.1")) {
+        let label = format!("endpoint=\"{endpoint}\"");
+        assert!(line.contains(&label) && !line.contains("http"), "{line}");
+    }
+    assert!(metrics.contains(&format!(
+        "redeliver_endpoint_attempts_total{{endpoint=\"{endpoint}\"}} 2"
+    )));
     let attempts: Vec<Value> = w
         .json()
         .into_iter()

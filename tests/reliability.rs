@@ -81,8 +81,12 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
         .map(|i| json!({"url": rx.url("/"), "id": format!("g{i}")}))
         .collect();
     app.publish(&batch).await;
+    // Both to one receiver, both in flight at once: the endpoint may use
+    // every slot (by default it gets a quarter, 1 of 4).
     let args = [
         "--concurrency",
+        "4",
+        "--endpoint-concurrency",
         "4",
         "--shutdown-grace",
         "300ms",

@@ -144,6 +144,15 @@ impl Bench {
         vec!["--concurrency".into(), c.to_string()]
     }
 
+    /// `--concurrency c` with one endpoint allowed all of it: the memory
+    /// and horizontal phases measure the worker's slots, not the
+    /// per-endpoint cap (a quarter by default) of their single receiver.
+    pub(super) fn whole_concurrency_args(c: usize) -> Vec<String> {
+        let mut args = Self::concurrency_args(c);
+        args.extend(["--endpoint-concurrency".into(), c.to_string()]);
+        args
+    }
+
     /// Preloads `n` notifications under a fresh prefix, drains them with
     /// `workers` processes ([`Self::drain_with`]), and deletes the prefix,
     /// also when a step failed. Returns the workers' usage and what the sink saw.
