@@ -63,7 +63,10 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
         .map(|i| json!({"url": rx.url("/"), "id": format!("t{i}")}))
         .collect();
     app.publish(&batch).await;
-    let mut c = spawn_run(&app, &["--concurrency", "4", "--shutdown-grace", "10s"]);
+    // All four to one receiver, in flight at once: the endpoint may use
+    // every slot (by default it gets a quarter, 1 of 4).
+    let args = ["--concurrency", "4", "--endpoint-concurrency", "4"];
+    let mut c = spawn_run(&app, &[&args[..], &["--shutdown-grace", "10s"]].concat());
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 4).await);
     c.sigterm();
     let st = c.wait_exit(Duration::from_secs(10));
