@@ -163,3 +163,74 @@ async fn queue_type_is_needed_only_once() {
     );
     assert_eq!(app.queue_len("work").await, 2);
 }
+
+/// A URL list whose other entries refuse still reaches the broker: every
+/// publish lands, whichever entry a run starts at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_list_skips_the_urls_that_refuse() {
+    let app = TestApp::new("urllist", DelayBackend::Plugin);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let refusing = format!(
+        "amqp://u:s3cret@127.0.0.1:{}/%2f",
+        dead.local_addr().unwrap().port()
+    );
+    drop(dead);
+    let list = format!("{refusing},{}", app.url);
+    for _ in 0..4 {
+        let out = app
+            .command_via(&list)
+            .args(["publish", "--url", "http://127.0.0.1:9/"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let all = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+        assert!(!all.contains("s3cret"), "{all}");
+    }
+    assert_eq!(app.queue_len("work").await, 4);
+    // Nothing answers at all: the error names every URL, no password.
+    let out = app
+        .command_via(&format!("{refusing},{refusing}"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("s3cret"), "{err}");
+    assert!(err.contains("u:***@127.0.0.1"), "{err}");
+}
+
+/// A dead-letter queue declared classic by an earlier build is kept:
+/// commands go on using it, and `dlq list` reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_dead_letter_queue_from_an_earlier_build_is_kept() {
+    let app = TestApp::new("olddlq", DelayBackend::Plugin);
+    let conn = common::connect(&app.url).await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = lapin::types::FieldTable::default();
+    let s = |v: &str| lapin::types::AMQPValue::LongString(v.into());
+    args.insert("x-queue-type".into(), s("classic"));
+    args.insert("x-queue-mode".into(), s("lazy"));
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(app.name("dead").as_str().into(), durable, args)
+        .await
+        .unwrap();
+    let out = redeliver(&app, &["publish", "--url", "http://127.0.0.1:9/"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = app.cli(&["dlq", "list"]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let _ = conn.close(200, "".into()).await;
+}

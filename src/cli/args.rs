@@ -27,7 +27,9 @@ pub struct Cli {
 
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
-    /// Broker URL (amqp:// or amqps://). The password is never printed.
+    /// Broker URL (amqp:// or amqps://), or the comma-separated URLs of
+    /// one cluster's nodes: each connection starts at a random one and a
+    /// lost connection tries the next. Passwords are never printed.
     /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo` and
     /// `bench`, the local test node amqp://guest:guest@127.0.0.1:5674/%2f]
     #[arg(
@@ -45,7 +47,9 @@ pub struct GlobalArgs {
         default_value = "redeliver"
     )]
     pub prefix: String,
-    /// Type of the work queue when it is first declared.
+    /// Type of the work and dead-letter queues when each is first declared
+    /// (an existing queue keeps its type). Quorum queues are replicated
+    /// across a cluster's nodes; a classic queue lives on one node.
     #[arg(
         long,
         global = true,
@@ -201,9 +205,11 @@ pub struct DlqExportArgs {
 
 #[derive(Debug, Args, Clone)]
 #[command(
-    after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy \
-(all by default). Workers run as `redeliver run` processes of this executable. \
-Against the local test node unless --amqp-url is given; see BENCHMARKS.md."
+    after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy, \
+cluster (all by default). Workers run as `redeliver run` processes of this executable. \
+Against the local test node unless --amqp-url is given; the cluster phase against \
+--cluster-url, or else the local three-node test cluster, started for it and stopped \
+after. See BENCHMARKS.md."
 )]
 pub struct BenchArgs {
     /// Run only these phases (repeat or comma-separate).
@@ -222,6 +228,10 @@ pub struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// The cluster phase's cluster: the comma-separated URLs of its three
+    /// nodes [default: the local test cluster, `tests/broker/ctl cluster`].
+    #[arg(long, env = "REDELIVER_BENCH_CLUSTER_URL", hide_env_values = true)]
+    pub cluster_url: Option<String>,
 }
 
 #[derive(Debug, Args, Clone)]

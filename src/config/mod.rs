@@ -1,10 +1,12 @@
-//! Settings shared by the commands, and the AMQP URL, which never prints
-//! its password.
+//! Settings shared by the commands, and the AMQP URL list, which never
+//! prints a password.
 
+mod amqp_url;
 mod endpoint;
 mod routes;
 mod secret;
 
+pub use amqp_url::{AmqpUrl, BadUrl, CONNECT_TIMEOUT};
 pub use endpoint::{
     EndpointLimits, EndpointSettings, DEFAULT_MAX_AGE, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
 };
@@ -13,52 +15,13 @@ pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
 
 pub use crate::message::redact::redact_url;
 
-use std::fmt;
 use std::time::Duration;
-
-use lapin::{Connection, ConnectionProperties};
 
 use crate::message::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::policy::RetryPolicy;
 use crate::policy::SuccessRules;
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// An AMQP URL whose `Debug` and `Display` hide the password.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AmqpUrl(String);
-
-impl AmqpUrl {
-    pub fn new(url: impl Into<String>) -> Self {
-        AmqpUrl(url.into())
-    }
-
-    /// The real URL, for connecting only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    pub fn redacted(&self) -> String {
-        redact_url(&self.0)
-    }
-
-    pub async fn connect(&self, name: &str) -> Result<Connection, lapin::Error> {
-        let props = ConnectionProperties::default().with_connection_name(name.into());
-        Connection::connect(&self.0, props).await
-    }
-}
-
-impl fmt::Debug for AmqpUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AmqpUrl({})", self.redacted())
-    }
-}
-
-impl fmt::Display for AmqpUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
 
 /// Connection failures that waiting will not fix: refused credentials or
 /// vhost, and a broker certificate that does not verify (an unknown CA, a
@@ -196,18 +159,5 @@ impl Default for WorkerSettings {
             endpoints: EndpointSettings::default(),
             max_age: Some(DEFAULT_MAX_AGE),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_print() {
-        let u = AmqpUrl::new("amqp://user:s3cret@host:5672/%2f");
-        assert!(!format!("{u} {u:?}").contains("s3cret"));
-        assert!(u.redacted().contains("user:***@host"));
-        assert_eq!(redact_url("not a url"), "<unparsable url>");
     }
 }

@@ -49,10 +49,10 @@ pub async fn run<H: DeliveryHandler>(
         return Err(WorkerError::Concurrency);
     }
     // A malformed URL would otherwise look like a broker that is down.
-    if let Err(reason) = broker.url.expose().parse::<lapin::uri::AMQPUri>() {
+    if let Err(bad) = broker.url.validate() {
         return Err(WorkerError::BadUrl {
-            url: broker.url.redacted(),
-            reason,
+            url: bad.url,
+            reason: bad.reason,
         });
     }
     let handler = Arc::new(handler);
@@ -132,15 +132,15 @@ async fn session<H: DeliveryHandler>(
     shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
-    let conn = broker
+    let (conn, node) = broker
         .url
-        .connect("redeliver run")
+        .connect_to("redeliver run")
         .await
         .map_err(|source| WorkerError::Connect {
             url: broker.url.redacted(),
             source,
         })?;
-    let result = match Session::open(&conn, broker, settings, handler, shared).await {
+    let result = match Session::open(&conn, &node, broker, settings, handler, shared).await {
         Ok(mut session) => {
             let result = session.pump(shutdown).await;
             // A broken session's acks could not reach the broker: no grace.

@@ -69,10 +69,12 @@ pub(super) struct Session<H> {
 }
 
 impl<H: DeliveryHandler> Session<H> {
-    /// Declares the topology, opens the publisher and the consumer (prefetch
+    /// Declares the topology (through `conn`, which reached the URL `node`,
+    /// redacted), opens the publisher and the consumer (prefetch
     /// set first, so it applies to it) and starts the helpers.
     pub(super) async fn open(
         conn: &Connection,
+        node: &str,
         broker: &BrokerSettings,
         settings: &WorkerSettings,
         handler: &Arc<H>,
@@ -101,7 +103,7 @@ impl<H: DeliveryHandler> Session<H> {
             }
             DelayBackend::Plugin => CancellationToken::new(),
         };
-        info!(queue = %topology.work, concurrency = settings.concurrency, broker = %broker.url, "consuming");
+        info!(queue = %topology.work, concurrency = settings.concurrency, broker = %node, "consuming");
         let lost = start_watches(conn, &topology, settings, &helpers).await?;
         let ctx = Arc::new(Context {
             handler: handler.clone(),

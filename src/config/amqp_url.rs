@@ -1,0 +1,217 @@
+//! The broker's address: one AMQP URL, or a comma-separated list of the
+//! URLs of one cluster's nodes. It never prints a password.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+use tracing::warn;
+
+use crate::message::redact::redact_url;
+
+/// How long one URL may take to accept a connection before the next one
+/// is tried. A node that is down refuses at once; this bounds one whose
+/// host does not answer at all (a partition, a dead machine), which would
+/// otherwise hold the connect for the OS's TCP timeout of minutes.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One or more AMQP URLs (`amqp://` or `amqps://`) of one cluster, given
+/// comma-separated. `Debug` and `Display` hide every password.
+///
+/// Every [`connect`](AmqpUrl::connect) starts at the URL after the one the
+/// previous connect started at, beginning at a random one: a fleet of
+/// workers spreads over the nodes, and a worker whose connection was lost
+/// tries another node first. Clones share that position.
+#[derive(Clone)]
+pub struct AmqpUrl {
+    urls: Arc<[String]>,
+    next: Arc<AtomicUsize>,
+}
+
+/// A URL of the list that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("bad AMQP URL {url}: {reason}")]
+pub struct BadUrl {
+    /// The URL, redacted.
+    pub url: String,
+    pub reason: String,
+}
+
+impl AmqpUrl {
+    /// Splits `urls` on commas (a comma inside a password must be written
+    /// `%2C`); blanks around the commas are ignored.
+    pub fn new(urls: impl Into<String>) -> Self {
+        let text: String = urls.into();
+        let mut list: Vec<String> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+            .collect();
+        if list.is_empty() {
+            // Kept, so that connecting reports the empty URL as bad.
+            list.push(String::new());
+        }
+        let start = rand::random_range(0..list.len());
+        AmqpUrl {
+            urls: list.into(),
+            next: Arc::new(AtomicUsize::new(start)),
+        }
+    }
+
+    /// The URLs as given, for connecting or for handing to a child process
+    /// only: never print it.
+    pub fn expose(&self) -> String {
+        self.urls.join(",")
+    }
+
+    /// The URLs, with their passwords.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// The list with every password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Checks that every URL of the list parses, so that a typo does not
+    /// look like a broker that is down.
+    pub fn validate(&self) -> Result<(), BadUrl> {
+        for u in self.urls.iter() {
+            if let Err(reason) = u.parse::<lapin::uri::AMQPUri>() {
+                let url = if u.is_empty() {
+                    "(empty)".into()
+                } else {
+                    redact_url(u)
+                };
+                return Err(BadUrl { url, reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// Connects to the first URL that accepts, in turn from the next
+    /// position. The error is the last URL's.
+    pub async fn connect(&self, name: &str) -> Result<Connection, lapin::Error> {
+        self.connect_to(name).await.map(|(conn, _)| conn)
+    }
+
+    /// [`connect`](AmqpUrl::connect), also saying which URL (redacted) answered.
+    pub async fn connect_to(&self, name: &str) -> Result<(Connection, String), lapin::Error> {
+        let n = self.urls.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut last = None;
+        for i in (0..n).map(|k| (start + k) % n) {
+            match connect_one(&self.urls[i], name).await {
+                Ok(conn) => return Ok((conn, redact_url(&self.urls[i]))),
+                Err(e) => {
+                    if n > 1 {
+                        let url = redact_url(&self.urls[i]);
+                        warn!(%url, error = %e, "broker URL did not accept a connection; trying the next");
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| timed_out("no AMQP URL given")))
+    }
+}
+
+async fn connect_one(url: &str, name: &str) -> Result<Connection, lapin::Error> {
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, props)).await {
+        Ok(result) => result,
+        Err(_) => Err(timed_out("no answer within the connect timeout")),
+    }
+}
+
+fn timed_out(what: &str) -> lapin::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, what.to_string()).into()
+}
+
+impl PartialEq for AmqpUrl {
+    fn eq(&self, other: &Self) -> bool {
+        self.urls == other.urls
+    }
+}
+
+impl Eq for AmqpUrl {}
+
+impl fmt::Debug for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AmqpUrl({})", self.redacted())
+    }
+}
+
+impl fmt::Display for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        let u = AmqpUrl::new("amqp://user:s3cret@host:5672/%2f");
+        assert!(!format!("{u} {u:?}").contains("s3cret"));
+        assert!(u.redacted().contains("user:***@host"));
+        assert_eq!(redact_url("not a url"), "<unparsable url>");
+    }
+
+    #[test]
+    fn a_list_splits_on_commas_and_hides_every_password() {
+        let u = AmqpUrl::new(" amqp://a:pw1@h1:5672/%2f, amqp://a:pw2@h2:5673/%2f ,,amqps://h3/v ");
+        assert_eq!(u.urls().len(), 3);
+        assert_eq!(u.urls()[1], "amqp://a:pw2@h2:5673/%2f");
+        let shown = format!("{u} {u:?}");
+        assert!(!shown.contains("pw1") && !shown.contains("pw2"), "{shown}");
+        assert_eq!(
+            u.redacted(),
+            "amqp://a:***@h1:5672/%2f,amqp://a:***@h2:5673/%2f,amqps://h3/v"
+        );
+        assert_eq!(
+            u.expose(),
+            "amqp://a:pw1@h1:5672/%2f,amqp://a:pw2@h2:5673/%2f,amqps://h3/v"
+        );
+    }
+
+    #[test]
+    fn validate_names_the_bad_url_without_its_password() {
+        assert!(AmqpUrl::new("amqp://h1,amqp://h2:5673").validate().is_ok());
+        let e = AmqpUrl::new("amqp://u:pw@h1,nope://u:pw@h2")
+            .validate()
+            .unwrap_err();
+        assert!(e.url.contains("h2") && !e.url.contains("pw"), "{e}");
+        assert_eq!(AmqpUrl::new(" , ").validate().unwrap_err().url, "(empty)");
+    }
+
+    #[tokio::test]
+    async fn a_refusing_url_is_skipped_and_each_connect_starts_one_further() {
+        // Two ports nothing listens on: both refuse at once, so the error
+        // comes back without waiting for the connect timeout.
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a, b) = (free(), free());
+        let urls = format!(
+            "amqp://127.0.0.1:{}/%2f,amqp://127.0.0.1:{}/%2f",
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port()
+        );
+        drop((a, b));
+        let u = AmqpUrl::new(urls);
+        let before = u.next.load(Ordering::Relaxed);
+        let t = std::time::Instant::now();
+        assert!(u.connect("test").await.is_err());
+        assert!(t.elapsed() < CONNECT_TIMEOUT, "refusals do not wait");
+        assert_eq!(u.clone().next.load(Ordering::Relaxed), before + 1);
+    }
+}
