@@ -3,6 +3,8 @@
 pub(crate) mod demo;
 mod demo_receiver;
 pub mod dlq;
+pub(crate) mod local_cluster;
 pub(crate) mod local_node;
+pub mod management;
 pub(crate) mod render;
 pub mod status;

@@ -11,6 +11,7 @@ use crate::ops::status::{QueueStatus, Status};
 /// and the cascade's waiting messages.
 pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     writeln!(out, "prefix         {}  ({})", s.prefix, s.broker)?;
+    cluster(s, out)?;
     for q in [&s.work, &s.dead] {
         if q.exists {
             writeln!(
@@ -21,12 +22,61 @@ pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
                 unacked(q),
                 q.consumers
             )?;
+            placement(q, out)?;
         } else {
             writeln!(out, "{:<14} not declared yet", q.name)?;
         }
     }
     delay_backend(s, out)?;
     cascade(s, out)
+}
+
+/// The node this report came through and, from the management API, the
+/// cluster's nodes.
+fn cluster(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
+    let node = s.node.as_deref().unwrap_or("? (needs --management-url)");
+    writeln!(out, "connected to   {}  node {node}", s.connected)?;
+    if let Some(nodes) = s.cluster.as_ref().filter(|n| !n.is_empty()) {
+        let each: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{} {}", n.name, if n.running { "running" } else { "DOWN" }))
+            .collect();
+        writeln!(
+            out,
+            "cluster        {} node(s): {}",
+            nodes.len(),
+            each.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+/// A queue's type, leader and members, when the management API told them.
+fn placement(q: &QueueStatus, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
+    let Some(p) = &q.placement else {
+        return Ok(());
+    };
+    let leader = p.leader.as_deref().unwrap_or("none");
+    if p.members.is_empty() {
+        return writeln!(out, "{:<14} {} on {leader}", "", p.kind);
+    }
+    let down: Vec<&str> = p
+        .members
+        .iter()
+        .filter(|m| !p.online.contains(m))
+        .map(String::as_str)
+        .collect();
+    let down = match down.is_empty() {
+        true => String::new(),
+        false => format!("; offline: {}", down.join(", ")),
+    };
+    writeln!(
+        out,
+        "{:<14} {}, leader {leader}, members {}{down}",
+        "",
+        p.kind,
+        p.members.join(", ")
+    )
 }
 
 fn unacked(q: &QueueStatus) -> String {
@@ -67,6 +117,7 @@ fn cascade(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
             unacked(h),
             h.consumers
         )?;
+        placement(h, out)?;
     }
     if !s.cascade.is_empty() {
         let waiting: u64 = s.cascade.iter().map(|l| u64::from(l.messages)).sum();
@@ -75,6 +126,14 @@ fn cascade(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
             "cascade        {waiting} waiting in {} queues",
             s.cascade.len()
         )?;
+        if !s.cascade_leaders.is_empty() {
+            let each: Vec<String> = s
+                .cascade_leaders
+                .iter()
+                .map(|(node, n)| format!("{node} {n}"))
+                .collect();
+            writeln!(out, "               leaders: {}", each.join(", "))?;
+        }
         for l in s.cascade.iter().filter(|l| l.messages > 0) {
             let ttl =
                 humantime::format_duration(std::time::Duration::from_millis(l.ttl_ms)).to_string();

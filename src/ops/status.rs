@@ -1,12 +1,14 @@
 //! `status`: queue depths and consumers over AMQP (passive declares), the
 //! delay mechanism's availability, and, when a management API is given,
-//! the unacked count that AMQP cannot tell.
+//! what AMQP cannot tell: unacked counts, the node this connection is on,
+//! the cluster's nodes and where each queue's leader and members are.
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde::Serialize;
 
 use crate::config::{AmqpUrl, BrokerSettings};
+use crate::ops::management::{Api, NodeStatus, Placement};
 use crate::topology::Topology;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -18,12 +20,21 @@ pub struct QueueStatus {
     /// From the management API; `None` when it was not asked or not reachable.
     pub unacked: Option<u64>,
     pub consumers: u32,
+    /// Type, leader and members (from the management API).
+    pub placement: Option<Placement>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Status {
     pub prefix: String,
+    /// Every URL given, redacted.
     pub broker: String,
+    /// The URL this report was read through, redacted.
+    pub connected: String,
+    /// That connection's node (from the management API).
+    pub node: Option<String>,
+    /// The cluster's nodes (from the management API).
+    pub cluster: Option<Vec<NodeStatus>>,
     pub work: QueueStatus,
     pub dead: QueueStatus,
     pub delay_backend: &'static str,
@@ -40,6 +51,9 @@ pub struct Status {
     /// The cascade's queues that exist, with the messages waiting in each
     /// (whichever backend is selected, so a migration can be watched).
     pub cascade: Vec<CascadeQueueStatus>,
+    /// How many of the cascade's queues each node leads (from the
+    /// management API; empty when unknown).
+    pub cascade_leaders: std::collections::BTreeMap<String, u32>,
 }
 
 /// One queue of the cascade: stage `stage`, digit `digit`.
@@ -58,11 +72,11 @@ pub async fn status(
     management_url: Option<&str>,
 ) -> Result<Status, lapin::Error> {
     let t = Topology::new(&broker.prefix);
-    let conn = broker.url.connect("redeliver status").await?;
+    let (conn, connected) = broker.url.connect_to("redeliver status").await?;
     let mut probe = Probe::new(&conn);
-    let mut work = probe.queue(&t.work).await?;
-    let mut dead = probe.queue(&t.dead).await?;
-    let mut hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
+    let work = probe.queue(&t.work).await?;
+    let dead = probe.queue(&t.dead).await?;
+    let hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
     let mut cascade = vec![];
     for (stage, digit, name) in crate::delay::cascade::queues(&t) {
         let q = probe.queue(&name).await?;
@@ -77,26 +91,45 @@ pub async fn status(
         }
     }
     probe.close().await;
-    let _ = conn.close(200, "status done".into()).await;
-    let mut plugin_delayed = None;
-    if let Some(m) = management_url {
-        work.unacked = api_u64(m, &broker.url, "queues", &t.work, "messages_unacknowledged").await;
-        dead.unacked = api_u64(m, &broker.url, "queues", &t.dead, "messages_unacknowledged").await;
-        let h = &hold.name;
-        hold.unacked = api_u64(m, &broker.url, "queues", h, "messages_unacknowledged").await;
-        plugin_delayed = api_u64(m, &broker.url, "exchanges", &t.retry, "messages_delayed").await;
-    }
-    Ok(Status {
+    let mut s = Status {
         prefix: broker.prefix.clone(),
         broker: broker.url.redacted(),
+        connected,
+        node: None,
+        cluster: None,
         work,
         dead,
         hold,
         delay_backend: broker.delay.as_str(),
         retry_exchange_type_available: delayed_type_available(&broker.url, &broker.prefix).await,
-        plugin_delayed,
+        plugin_delayed: None,
         cascade,
-    })
+        cascade_leaders: Default::default(),
+    };
+    if let Some(api) = management_url.and_then(|m| Api::new(m, &broker.url)) {
+        s.node = api.node_at(&s.connected).await;
+        add_management(&mut s, &api, &t).await;
+    }
+    let _ = conn.close(200, "status done".into()).await;
+    Ok(s)
+}
+
+/// What only the management API knows. Its figures can lag by its
+/// sampling interval (`collect_statistics_interval`, 5 s by default).
+async fn add_management(s: &mut Status, api: &Api, t: &Topology) {
+    s.cluster = api.nodes().await;
+    let mut placed = api.placements(&format!("{}.", t.prefix)).await;
+    for q in [&mut s.work, &mut s.dead, &mut s.hold] {
+        q.unacked = api.u64("queues", &q.name, "messages_unacknowledged").await;
+        q.placement = placed.remove(&q.name);
+    }
+    s.plugin_delayed = api.u64("exchanges", &t.retry, "messages_delayed").await;
+    for q in &s.cascade {
+        let leader = placed.get(&q.queue).and_then(|p| p.leader.clone());
+        *s.cascade_leaders
+            .entry(leader.unwrap_or_else(|| "?".into()))
+            .or_default() += 1;
+    }
 }
 
 /// One passive declare on a channel of its own (see [`Probe`]).
@@ -152,6 +185,7 @@ impl<'a> Probe<'a> {
             ready,
             unacked: None,
             consumers,
+            placement: None,
         })
     }
 
@@ -195,53 +229,4 @@ pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
     };
     let _ = conn.close(200, "probe done".into()).await;
     ok
-}
-
-/// A number from the management API's view of a queue or exchange
-/// (`kind`), or `None`. The API samples every `collect_statistics_interval`
-/// (5 s by default), so the figure can lag by that much.
-async fn api_u64(
-    management_url: &str,
-    amqp: &AmqpUrl,
-    kind: &str,
-    name: &str,
-    field: &str,
-) -> Option<u64> {
-    let u = url::Url::parse(amqp.expose()).ok()?;
-    // The AMQP path is the percent-encoded vhost, as the API wants it.
-    let vhost = match u.path().trim_start_matches('/') {
-        "" => "%2F".to_string(),
-        v => v.to_string(),
-    };
-    let user = if u.username().is_empty() {
-        "guest"
-    } else {
-        u.username()
-    };
-    let pass = u.password().unwrap_or("guest");
-    let user = percent_decode(user);
-    let pass = percent_decode(pass);
-    let endpoint = format!(
-        "{}/api/{kind}/{vhost}/{}",
-        management_url.trim_end_matches('/'),
-        url::form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
-    );
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(5))
-        .build()
-        .ok()?;
-    let resp = client
-        .get(endpoint)
-        .basic_auth(user, Some(pass))
-        .send()
-        .await
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
-    v.get(field)?.as_u64()
-}
-
-fn percent_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8_lossy()
-        .into_owned()
 }
