@@ -80,16 +80,20 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
-        // An existing work queue keeps its type: `--queue-type` only
-        // matters the first time, so later commands need not repeat it.
-        if !exists(conn, &self.work).await? {
-            ch.queue_declare(self.work.as_str().into(), q, work_args(queue_type))
-                .await
-                .map_err(|e| classify("queue", &self.work, e))?;
+        // An existing work or dead-letter queue keeps its type and
+        // arguments: `--queue-type` only matters the first time, so later
+        // commands need not repeat it, and a dead-letter queue declared
+        // classic by an earlier build is still used (see `dead_args`).
+        for (name, args) in [
+            (&self.work, work_args(queue_type)),
+            (&self.dead, dead_args(queue_type)),
+        ] {
+            if !exists(conn, name).await? {
+                ch.queue_declare(name.as_str().into(), q, args)
+                    .await
+                    .map_err(|e| classify("queue", name, e))?;
+            }
         }
-        ch.queue_declare(self.dead.as_str().into(), q, dead_args())
-            .await
-            .map_err(|e| classify("queue", &self.dead, e))?;
         self.bind(ch, &self.intake, "").await?;
         let _ = ch.close(200, "topology declared".into()).await;
         Ok(())
@@ -180,12 +184,11 @@ async fn exists(conn: &Connection, queue: &str) -> Result<bool, TopologyError> {
 
 pub(crate) fn work_args(queue_type: QueueType) -> FieldTable {
     let mut a = FieldTable::default();
-    let t = match queue_type {
-        QueueType::Quorum => "quorum",
-        QueueType::Classic => "classic",
-    };
     // x-queue-type: quorum replicates and fsyncs every enqueue before confirming.
-    a.insert("x-queue-type".into(), AMQPValue::LongString(t.into()));
+    a.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.as_str().into()),
+    );
     if queue_type == QueueType::Quorum {
         // x-delivery-limit: effectively none. RabbitMQ 4.0+ gives quorum
         // queues a default of 20 and drops a message returned more often
@@ -201,17 +204,28 @@ pub(crate) fn work_args(queue_type: QueueType) -> FieldTable {
 /// See [`work_args`]: high enough never to be reached.
 pub const WORK_DELIVERY_LIMIT: i64 = 1_000_000;
 
-/// The dead-letter queue is classic: it is browsed by consuming without
-/// acking, and a classic queue requeues in order without adding headers.
-fn dead_args() -> FieldTable {
-    let mut a = FieldTable::default();
-    a.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("classic".into()),
-    );
-    // x-queue-mode: lazy keeps a large backlog of dead letters on disk, not in RAM.
-    a.insert("x-queue-mode".into(), AMQPValue::LongString("lazy".into()));
-    a
+/// The dead-letter queue has the work queue's type. A quorum queue is
+/// replicated to the cluster's nodes (every node, on RabbitMQ 3.x), so
+/// losing one node, or its disk, loses no dead letter and dead-lettering
+/// goes on while it is down. `dlq` walks it with `basic.get` without
+/// acking and closes the channel, which returns every message to the head
+/// of the queue in order (`tests/cluster.rs` checks the order on a
+/// cluster); quorum queues add an `x-delivery-count` header on the way,
+/// which the walk ignores.
+pub(crate) fn dead_args(queue_type: QueueType) -> FieldTable {
+    match queue_type {
+        // Every walk returns each message once, and RabbitMQ 4.0-4.2 counts
+        // that as a delivery: without the limit set this high, the 20th
+        // `dlq list` would drop every dead letter.
+        QueueType::Quorum => work_args(QueueType::Quorum),
+        QueueType::Classic => {
+            let mut a = work_args(QueueType::Classic);
+            // x-queue-mode: lazy keeps a large backlog of dead letters on
+            // disk, not in RAM (a quorum queue keeps bodies on disk anyway).
+            a.insert("x-queue-mode".into(), AMQPValue::LongString("lazy".into()));
+            a
+        }
+    }
 }
 
 /// Turns the broker's refusals into sentences an operator can act on.

@@ -86,7 +86,9 @@ fn other_headers(headers: Option<&FieldTable>) -> serde_json::Map<String, serde_
         .map(|h| {
             h.inner()
                 .iter()
-                .filter(|(k, _)| !ours.contains(&k.as_str()))
+                // x-delivery-count: added by a quorum dead-letter queue
+                // each time a walk returned the message; not the producer's.
+                .filter(|(k, _)| !ours.contains(&k.as_str()) && k.as_str() != "x-delivery-count")
                 .map(|(k, v)| (k.to_string(), to_json(v)))
                 .collect()
         })

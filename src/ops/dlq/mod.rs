@@ -1,14 +1,21 @@
 //! Dead-letter operations: list, show, replay, purge, export.
 //!
-//! The dead-letter queue is walked with `basic.get` without acking. A
-//! message that is kept stays unacked until the channel closes, and then the
-//! broker puts it back at its original position, headers untouched. Only
-//! message tags are held in memory, so a queue of any length can be walked.
+//! The dead-letter queue is read without acking (`reader.rs`). A message
+//! that is kept stays unacked until the walk ends, and then the broker
+//! returns it, in its old order. At most a window of messages is held in
+//! memory, so a queue of any length can be walked.
+//!
+//! Every walk takes every message that was there when it started, also
+//! past its `--limit` or the one `show` looked for: a quorum queue (the
+//! replicated dead-letter queue) serves returned messages first, behind
+//! those returned before them, so a walk that stopped halfway would move
+//! the messages it took behind the ones it did not. Returned all together,
+//! in the order taken, they keep their order. A walk cut short (Ctrl-C,
+//! `kill -9`) loses nothing, but may leave them in another order.
 //! A replayed message is acked only after its republish to the work queue
 //! was confirmed. An interruption at any point therefore leaves every
 //! message in the dead-letter queue, the work queue, or (rarely) both.
 
-use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
@@ -19,6 +26,9 @@ use crate::message::state::{
 };
 use crate::publish::{PublishError, Publisher};
 use crate::topology::Topology;
+use reader::Reader;
+
+mod reader;
 
 /// What to do with each selected dead letter.
 #[derive(Clone, Copy)]
@@ -62,29 +72,51 @@ pub async fn walk(
     op: Op<'_>,
     mut visit: impl FnMut(&DeadLetter),
 ) -> Result<Summary, DlqError> {
+    let total = dead_letters_now(conn, topology).await?;
+    let mut reader = Reader::new(conn, &topology.dead);
+    let result = take(&mut reader, total, filter, limit, op, &mut visit).await;
+    // Also after an error: the kept messages go back in order.
+    let returned = reader.finish().await;
+    let s = result?;
+    returned?;
+    Ok(s)
+}
+
+/// Only what is there now: dead letters that arrive during the walk are
+/// left for the next one.
+async fn dead_letters_now(conn: &Connection, topology: &Topology) -> Result<usize, DlqError> {
     let ch = conn.create_channel().await?;
-    // Only what is there now: dead letters that arrive during the walk
-    // are left for the next one.
     let total = match topology.dead_count(&ch).await {
         Ok(n) => n,
         Err(e) if e.is_amqp_soft_error() => return Err(DlqError::NoQueue(topology.dead.clone())),
         Err(e) => return Err(e.into()),
     };
+    let _ = ch.close(200, "counted".into()).await;
+    Ok(total as usize)
+}
+
+/// Reads `total` dead letters and applies `op` to the selected ones.
+async fn take(
+    reader: &mut Reader<'_>,
+    total: usize,
+    filter: &Filter,
+    limit: Option<usize>,
+    op: Op<'_>,
+    visit: &mut impl FnMut(&DeadLetter),
+) -> Result<Summary, DlqError> {
     let now = crate::clock::now_ms();
     let mut s = Summary::default();
-    while s.seen < total as usize && limit.is_none_or(|l| s.selected < l) {
-        let opts = BasicGetOptions { no_ack: false };
-        let Some(m) = ch.basic_get(topology.dead.as_str().into(), opts).await? else {
+    while s.seen < total {
+        let Some(m) = reader.next().await? else {
             break;
         };
         s.seen += 1;
-        let props = &m.delivery.properties;
+        if limit.is_some_and(|l| s.selected >= l) {
+            continue; // taken only to keep the order (see above)
+        }
+        let props = &m.properties;
         let message_id = props.message_id().as_ref().map(|m| m.to_string());
-        let d = DeadLetter::from_message(
-            &m.delivery.data,
-            props.headers().as_ref(),
-            message_id.as_deref(),
-        );
+        let d = DeadLetter::from_message(&m.data, props.headers().as_ref(), message_id.as_deref());
         if !filter.matches(&d, now) {
             continue;
         }
@@ -93,7 +125,7 @@ pub async fn walk(
         match op {
             Op::Keep => continue,
             Op::Replay(p) => p
-                .to_work_queue(&m.delivery.data, fresh(props))
+                .to_work_queue(&m.data, fresh(props))
                 .await
                 .map_err(|source| DlqError::Republish {
                     id: d.id.clone(),
@@ -101,11 +133,9 @@ pub async fn walk(
                 })?,
             Op::Purge => {}
         }
-        m.delivery.acker.ack(BasicAckOptions::default()).await?;
+        reader.ack(&m).await?;
         s.done += 1;
     }
-    // Closing the channel returns every kept message to its place.
-    let _ = ch.close(200, "dead-letter walk done".into()).await;
     Ok(s)
 }
 

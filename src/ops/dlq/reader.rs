@@ -1,0 +1,178 @@
+//! Reads the dead-letter queue in its order and gives back what was kept
+//! in that order, on a quorum queue as on a classic one.
+//!
+//! Kept messages stay unacked and return to the queue when their channel
+//! closes. How they return is what this file is about:
+//! - A quorum queue returns a consumer's messages sorted by the order it
+//!   received them, and serves returned messages before the others. It
+//!   does not keep the order across consumers: each `basic.get` is a
+//!   consumer of its own, and the consumers of a closed channel are
+//!   returned in no particular order (measured on 3.10: a walk of 40 came
+//!   back shuffled). So each channel has one `basic.consume` consumer.
+//! - Its prefetch (the window) bounds how many messages the broker pushes
+//!   ahead, and so the memory; a window full of kept messages moves the
+//!   walk on to a new channel with a consumer of its own.
+//! - The channels are closed in the order they were opened, each once the
+//!   one before has visibly returned its messages (the queue's ready count
+//!   has grown by them), so the blocks come back in order too.
+//! - A classic queue puts returned messages back at their old positions,
+//!   whatever the order of returns.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
+
+/// Unacked messages per channel: what the broker may push ahead of the
+/// walk, and so the most message bodies held in memory at once.
+const WINDOW: u16 = 2_000;
+
+/// How long to wait for the next message before asking whether any is
+/// left (another walk may hold the rest).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// How long to wait for a closed channel's messages to be back before
+/// closing the next one anyway (nothing is lost then; only the order of
+/// the two blocks may differ).
+const RETURN_WAIT: Duration = Duration::from_secs(10);
+
+/// One channel of the walk: its consumer and how many of its deliveries
+/// are still unacked.
+struct Window {
+    ch: Channel,
+    consumer: Consumer,
+    unacked: usize,
+}
+
+pub(super) struct Reader<'a> {
+    conn: &'a Connection,
+    queue: String,
+    /// Every channel opened, in order; the last is the one being read.
+    windows: Vec<Window>,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(conn: &'a Connection, queue: &str) -> Self {
+        Reader {
+            conn,
+            queue: queue.to_string(),
+            windows: vec![],
+        }
+    }
+
+    /// The next message, or `None` when the queue has nothing more to give.
+    /// The message counts as kept until [`Reader::ack`] removes it.
+    pub(super) async fn next(&mut self) -> Result<Option<Delivery>, lapin::Error> {
+        let full = self
+            .windows
+            .last()
+            .is_none_or(|w| w.unacked >= usize::from(WINDOW));
+        if full {
+            self.open().await?;
+        }
+        loop {
+            let Some(w) = self.windows.last_mut() else {
+                return Ok(None);
+            };
+            match tokio::time::timeout(IDLE, w.consumer.next()).await {
+                Ok(Some(delivery)) => {
+                    w.unacked += 1;
+                    return delivery.map(Some);
+                }
+                Ok(None) => return Ok(None),
+                Err(_) if self.ready().await? == 0 => return Ok(None),
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Removes `d`, the message [`Reader::next`] gave last, from the queue
+    /// (it was replayed or purged).
+    pub(super) async fn ack(&mut self, d: &Delivery) -> Result<(), lapin::Error> {
+        d.acker.ack(BasicAckOptions::default()).await?;
+        if let Some(w) = self.windows.last_mut() {
+            w.unacked -= 1;
+        }
+        Ok(())
+    }
+
+    /// Gives every kept message back, window by window, in order.
+    pub(super) async fn finish(self) -> Result<(), lapin::Error> {
+        if self.windows.is_empty() {
+            return Ok(());
+        }
+        // First stop every consumer, so that a block returned by one
+        // channel is not pushed to a consumer of a later one (which would
+        // return it behind its own).
+        for w in &self.windows {
+            let tag = w.consumer.tag();
+            w.ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await?;
+        }
+        let probe = self.conn.create_channel().await?;
+        let baseline = ready_on(&probe, &self.queue).await?;
+        let mut back = 0u64;
+        for w in &self.windows {
+            let _ = w.ch.close(200, "dead-letter walk done".into()).await;
+            back += w.unacked as u64;
+            // Ready can only lag what was returned: a message that arrives
+            // meanwhile at worst ends the wait early.
+            let deadline = tokio::time::Instant::now() + RETURN_WAIT;
+            while ready_on(&probe, &self.queue).await? < baseline + back
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let _ = probe.close(200, "dead-letter walk done".into()).await;
+        Ok(())
+    }
+
+    /// A new channel whose one consumer may hold [`WINDOW`] messages.
+    async fn open(&mut self) -> Result<(), lapin::Error> {
+        let ch = self.conn.create_channel().await?;
+        // basic.qos before basic.consume: a per-consumer prefetch applies
+        // to the consumers started after it.
+        ch.basic_qos(WINDOW, BasicQosOptions { global: false })
+            .await?;
+        let tag = format!("redeliver-dlq-{}", self.windows.len());
+        let consumer = ch
+            .basic_consume(
+                self.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        self.windows.push(Window {
+            ch,
+            consumer,
+            unacked: 0,
+        });
+        Ok(())
+    }
+
+    async fn ready(&self) -> Result<u64, lapin::Error> {
+        match self.windows.last() {
+            Some(w) => ready_on(&w.ch, &self.queue).await,
+            None => Ok(0),
+        }
+    }
+}
+
+/// Messages ready in `queue` (not counting unacked ones).
+async fn ready_on(ch: &Channel, queue: &str) -> Result<u64, lapin::Error> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await?;
+    Ok(u64::from(q.message_count()))
+}
