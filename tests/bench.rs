@@ -1,4 +1,5 @@
-//! `redeliver bench --quick` runs every phase against the local node and
+//! `redeliver bench --quick` runs every phase against the local node (the
+//! cluster phase on the local three-node cluster, which it starts) and
 //! reports a figure for each (the figures themselves are never judged here:
 //! see BENCHMARKS.md for a full run).
 
@@ -34,6 +35,7 @@ fn quick_bench_runs_every_phase() {
         "7 memory and CPU",
         "8 horizontal",
         "9 noisy neighbour",
+        "10 cluster",
     ] {
         let measured = figures
             .iter()

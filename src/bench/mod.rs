@@ -7,6 +7,7 @@
 //! broker; `procs.rs` runs and measures worker processes; `phases.rs` holds
 //! the phases; `report.rs` prints the table and the JSON.
 
+mod cluster;
 mod load;
 mod noisy;
 mod options;

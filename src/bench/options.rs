@@ -29,10 +29,13 @@ pub enum Phase {
     /// 9. Noisy neighbour: a healthy endpoint beside one that hangs,
     ///    refuses, answers 429 or answers slowly (10% of the traffic).
     Noisy,
+    /// 10. Cluster: end to end on a three-node cluster, a worker on each
+    ///     node, next to three workers on the single node.
+    Cluster,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -42,6 +45,7 @@ impl Phase {
         Phase::Memory,
         Phase::Horizontal,
         Phase::Noisy,
+        Phase::Cluster,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +59,7 @@ impl Phase {
             Phase::Memory => "7 memory and CPU",
             Phase::Horizontal => "8 horizontal",
             Phase::Noisy => "9 noisy neighbour",
+            Phase::Cluster => "10 cluster",
         }
     }
 }
@@ -73,6 +78,9 @@ pub struct BenchOptions {
     pub quick: bool,
     /// The `redeliver` executable that runs the workers.
     pub worker_exe: PathBuf,
+    /// The URLs of a three-node cluster's nodes, for the cluster phase
+    /// (`None`: that phase reports no figure).
+    pub cluster_url: Option<crate::config::AmqpUrl>,
 }
 
 /// The sizes every phase uses, derived from the options.

@@ -66,6 +66,7 @@ impl Bench {
             Phase::Memory => self.memory().await,
             Phase::Horizontal => self.horizontal().await,
             Phase::Noisy => self.noisy_neighbour().await,
+            Phase::Cluster => self.cluster().await,
         }
     }
 
@@ -182,8 +183,21 @@ impl Bench {
         args: &[String],
         n: usize,
     ) -> anyhow::Result<Vec<Usage>> {
-        let procs: Vec<WorkerProc> = (0..workers)
-            .map(|_| self.spawner.spawn(prefix, args, false))
+        let spawners = vec![self.spawner.clone(); workers];
+        self.drain_on(prefix, &spawners, args, n).await
+    }
+
+    /// [`Self::drain_with`], one worker started by each of `spawners`.
+    pub(super) async fn drain_on(
+        &self,
+        prefix: &str,
+        spawners: &[Spawner],
+        args: &[String],
+        n: usize,
+    ) -> anyhow::Result<Vec<Usage>> {
+        let procs: Vec<WorkerProc> = spawners
+            .iter()
+            .map(|s| s.spawn(prefix, args, false))
             .collect::<anyhow::Result<_>>()?;
         let within = Duration::from_secs(120) + Duration::from_millis(n as u64 * 5);
         let done = self.sink.wait_for(n as u64, within).await;
