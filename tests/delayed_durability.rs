@@ -12,7 +12,7 @@ use std::time::Instant;
 /// delivered no sooner than their delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_messages_survive_restart() {
-    let (node, url) = OwnNode::up(5684).await;
+    let (node, url) = OwnNode::up(5693).await;
     let app = TestApp::on(&url, "restart", DelayBackend::Plugin);
     let r = Route::of(&app, QueueKind::Quorum).await;
     // Publish and restart back to back, while both messages are still held.
@@ -39,7 +39,7 @@ async fn held_messages_survive_restart() {
 /// whatever the exchange does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_message_survives_kill() {
-    let (node, url) = OwnNode::up(5685).await;
+    let (node, url) = OwnNode::up(5694).await;
     let app = TestApp::on(&url, "kill", DelayBackend::Plugin);
     let r = Route::of(&app, QueueKind::Classic).await;
     let ids: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();

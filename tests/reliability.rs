@@ -30,7 +30,7 @@ async fn node(port: u16, args: &'static [&'static str]) -> String {
 /// A worker keeps delivering across a broker restart, without help.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_recovers_from_a_broker_restart() {
-    const PORT: u16 = 5686;
+    const PORT: u16 = 5695;
     let url = node(PORT, &["up"]).await;
     let app = TestApp::on(&url, "restart", PLUGIN);
     let rx = Receiver::start(|_| Reply::status(200)).await;

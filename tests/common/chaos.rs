@@ -189,14 +189,20 @@ impl Drop for Fleet {
 
 /// `rabbitmqctl eval EXPR` on the chaos node, parsed as an integer.
 pub fn eval_int(expr: &str) -> Option<i64> {
-    let out = ctl_output(PORT, &["rabbitmqctl", "eval", expr]);
+    eval_int_on(PORT, expr)
+}
+
+/// `rabbitmqctl eval EXPR` on the node on `port`, parsed as an integer.
+pub fn eval_int_on(port: u16, expr: &str) -> Option<i64> {
+    let out = ctl_output(port, &["rabbitmqctl", "eval", expr]);
     out.trim().parse().ok()
 }
 
-/// Ready + unacked messages in a queue of the chaos node.
-pub fn queue_messages(queue: &str) -> Option<u64> {
+/// Ready + unacked messages in a queue of the node on `port` (of its
+/// cluster, when it has one).
+pub fn queue_messages_on(port: u16, queue: &str) -> Option<u64> {
     let out = ctl_output(
-        PORT,
+        port,
         &["rabbitmqctl", "-q", "list_queues", "name", "messages"],
     );
     out.lines().find_map(|l| {
@@ -246,6 +252,22 @@ impl Tally {
 /// stand-in's store are empty twice in a row (so late duplicates are in).
 /// Returns the tally; `lost` holds the ids that never arrived anywhere.
 pub async fn settle(app: &TestApp, ids: &[String], rxs: &[&Receiver], within: Duration) -> Tally {
+    settle_on(app, ids, rxs, within, &[PORT], None).await
+}
+
+/// [`settle`] on the nodes on `ports`, one cluster: the work queue is
+/// counted through the first, the stand-in's stores of all of them. With
+/// `idle`, it also ends once nothing is queued or held and the receivers
+/// got no request for that long: where ids can be lost, it need not wait
+/// for `within`.
+pub async fn settle_on(
+    app: &TestApp,
+    ids: &[String],
+    rxs: &[&Receiver],
+    within: Duration,
+    ports: &[u16],
+    idle: Option<Duration>,
+) -> Tally {
     let deadline = Instant::now() + within;
     let work = app.name("work");
     let mut dead: HashMap<String, String> = HashMap::new();
@@ -264,16 +286,22 @@ pub async fn settle(app: &TestApp, ids: &[String], rxs: &[&Receiver], within: Du
         let mut t = Tally::from_receivers(rxs);
         t.dead = dead.clone();
         t.duplicates += dead_twice;
-        let w = work.clone();
+        let (w, ports) = (work.clone(), ports.to_vec());
         let (queued, held) = tokio::task::spawn_blocking(move || {
-            (
-                queue_messages(&w),
-                eval_int("redeliver_delayed_store:held_count()."),
-            )
+            let held = ports
+                .iter()
+                .map(|p| eval_int_on(*p, "redeliver_delayed_store:held_count()."));
+            (queue_messages_on(ports[0], &w), held.sum::<Option<i64>>())
         })
         .await
         .unwrap();
-        let done = t.accounted(ids) == ids.len() && queued == Some(0) && held == Some(0);
+        let empty = queued == Some(0) && held == Some(0);
+        let last_request = rxs
+            .iter()
+            .filter_map(|r| r.requests().last().map(|q| q.at))
+            .max();
+        let idle_now = idle.is_some_and(|i| last_request.is_none_or(|at| at.elapsed() >= i));
+        let done = empty && (t.accounted(ids) == ids.len() || idle_now);
         quiet = if done { quiet + 1 } else { 0 };
         if quiet >= 2 || Instant::now() > deadline {
             t.lost = ids

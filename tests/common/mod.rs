@@ -147,6 +147,7 @@ macro_rules! both_backends {
 
 pub mod app;
 pub mod chaos;
+pub mod cluster;
 pub mod dead_letters;
 pub mod delayed;
 pub mod harness;

@@ -1,0 +1,506 @@
+//! On the local three-node cluster (`tests/broker/ctl cluster up`, ports
+//! `REDELIVER_TEST_CLUSTER_PORT` and the two after it): three real worker
+//! processes, each given the whole URL list, deliver, retry and
+//! dead-letter as on one node, over replicated queues; and the node-loss
+//! scenario: 5,000 notifications to a flaky receiver while the node that
+//! leads the work queue is killed with `kill -9` and brought back, then
+//! another. On the cascade, every notification must end delivered or
+//! dead-lettered. On the plugin backend, a retry that falls due while the
+//! work queue has no leader is lost (the plugin routes due messages once,
+//! untracked, as upstream does): every lost one must have fallen due in
+//! such a window, and every other one must arrive. The figures (lost,
+//! duplicates, how long deliveries paused, how long until every worker
+//! consumed again) are printed: `cargo test --test cluster -- --nocapture`.
+//! And 5,000 dead letters keep their order through `dlq` walks read
+//! through a node that does not lead the dead-letter queue.
+//!
+//! The tests share the cluster and run one at a time (a node kill would
+//! disturb the others); the cluster goes down after the last one.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::chaos::{flaky, load, preload, settle_on, Fleet, Tally};
+use common::cluster;
+use common::harness::{let_quorum_queues_age, stdout, wait_until_async};
+use common::receiver::{Receiver, Reply};
+use common::TestApp;
+use redeliver::delay::DelayBackend;
+use serde_json::Value;
+
+const WORKERS: usize = 3;
+/// Per worker: with the receiver's pace, about 250 attempts/s in all, so
+/// the load lasts through both node kills.
+const CONCURRENCY: usize = 6;
+/// How long the receiver takes for each request.
+const PACE: Duration = Duration::from_millis(20);
+/// How long a killed node stays down.
+const OUTAGE: Duration = Duration::from_secs(8);
+/// After a kill, how long a due plugin retry may be lost: until the work
+/// queue has a new leader that the routing node knows (measured: deliveries
+/// flow again within about 1-2 s; generous, to stay a bound).
+const ELECTION: Duration = Duration::from_secs(10);
+/// The stand-in forgets a routed message 2-3 s after routing it; a node
+/// killed inside that window routes it again after its restart.
+const REROUTE: Duration = Duration::from_millis(3_500);
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static FINISHED: AtomicUsize = AtomicUsize::new(0);
+/// The tests in this file: the last to finish takes the cluster down.
+const TESTS: usize = 5;
+
+/// Takes the cluster down when the last test ends, passed or failed.
+struct ClusterGuard;
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        if FINISHED.fetch_add(1, Ordering::SeqCst) + 1 == TESTS {
+            let _ = std::panic::catch_unwind(|| cluster::ctl(&["down"]));
+        }
+    }
+}
+
+async fn cluster_up() -> String {
+    tokio::task::spawn_blocking(cluster::up).await.unwrap()
+}
+
+/// `status --json` read through the management API of node `via`.
+fn status(app: &TestApp, via: usize) -> Value {
+    let mgmt = cluster::management_url(via);
+    let out = app.cli(&["status", "--json", "--management-url", &mgmt]);
+    serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("status: {e}: {out:?}"))
+}
+
+/// The node (1-3) that leads `queue` (`work`, `dead` or `hold`), asked
+/// through node `via`.
+fn leader(app: &TestApp, queue: &str, via: usize) -> Option<usize> {
+    let s = status(app, via);
+    cluster::node_number(s[queue]["placement"]["leader"].as_str()?)
+}
+
+fn ids_of(json_lines: &str) -> Vec<String> {
+    let rows = json_lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap());
+    rows.map(|r| r["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// /ok answers 200; /flaky 500 twice, then 200; /gone 410; /down 503.
+fn pipeline_receiver(r: &common::receiver::Recorded) -> Reply {
+    match r.path.as_str() {
+        "/flaky" if r.nth <= 2 => Reply::status(500),
+        "/gone" => Reply::status(410),
+        "/down" => Reply::status(503),
+        _ => Reply::status(200),
+    }
+}
+
+async fn three_workers_deliver_retry_and_dead_letter(backend: DelayBackend) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let _down = ClusterGuard;
+    let urls = cluster_up().await;
+    let app = TestApp::on(&urls, "pipeline", backend);
+    let rx = Receiver::start(pipeline_receiver).await;
+    let args = [
+        "--concurrency",
+        "8",
+        "--timeout",
+        "2s",
+        "--schedule",
+        "300ms,600ms",
+        "--max-attempts",
+        "3",
+    ];
+    let fleet = Fleet::start(&app, WORKERS, &args);
+    let mut notes = vec![];
+    for (path, n) in [("/ok", 30), ("/flaky", 10), ("/gone", 5), ("/down", 5)] {
+        for i in 0..n {
+            notes.push(serde_json::json!({"url": rx.url(path), "id": format!("{path}-{i}")}));
+        }
+    }
+    app.publish(&notes).await;
+    let done = wait_until_async(Duration::from_secs(60), async || {
+        app.queue_len("dead").await == 10
+    })
+    .await;
+    let delivered = |prefix: &str| {
+        let ok = rx
+            .requests()
+            .into_iter()
+            .filter(|r| r.reply == 200 && r.id().starts_with(prefix));
+        ok.map(|r| r.id())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    assert!(
+        done,
+        "10 dead letters within 60 s (have {})",
+        app.queue_len("dead").await
+    );
+    assert_eq!(
+        (delivered("/ok"), delivered("/flaky")),
+        (30, 10),
+        "all delivered"
+    );
+    assert!(
+        rx.requests()
+            .iter()
+            .filter(|r| r.path == "/flaky")
+            .all(|r| r.nth <= 3),
+        "each /flaky notification took exactly 3 attempts"
+    );
+    let reasons = stdout(&app.cli(&["dlq", "list", "--json"]));
+    let reason_of = |id: &str| {
+        let row = reasons
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap());
+        let row = row.into_iter().find(|r| r["id"] == id).unwrap();
+        row["dead_letter"]["reason"].as_str().unwrap().to_string()
+    };
+    assert_eq!(reason_of("/gone-0"), "permanent-status");
+    assert_eq!(reason_of("/down-4"), "max-attempts");
+    replicated_everywhere(&app, backend);
+    dead_letter_order_is_kept(&app);
+    drop(fleet);
+    notes.clear();
+}
+
+/// The work, dead-letter (and, for the cascade, hold) queues are quorum
+/// queues with a member on every node.
+fn replicated_everywhere(app: &TestApp, backend: DelayBackend) {
+    let s = status(app, 1);
+    let mut queues = vec!["work", "dead"];
+    if backend == DelayBackend::Cascade {
+        queues.push("hold");
+    }
+    for q in queues {
+        let p = &s[q]["placement"];
+        assert_eq!(p["kind"], "quorum", "{q}: {p}");
+        assert_eq!(p["members"].as_array().map(Vec::len), Some(3), "{q}: {p}");
+    }
+    assert_eq!(s["cluster"].as_array().map(Vec::len), Some(3), "{s}");
+    assert!(
+        s["node"].as_str().and_then(cluster::node_number).is_some(),
+        "{s}"
+    );
+}
+
+/// `dlq list`, a limited list, and a `show` leave the dead letters in the
+/// order the first list showed.
+fn dead_letter_order_is_kept(app: &TestApp) {
+    let first = ids_of(&stdout(&app.cli(&["dlq", "list", "--json"])));
+    assert_eq!(first.len(), 10);
+    let limited = ids_of(&stdout(
+        &app.cli(&["dlq", "list", "--json", "--limit", "3"]),
+    ));
+    assert_eq!(limited, first[..3]);
+    let shown = stdout(&app.cli(&["dlq", "show", &first[5]]));
+    assert!(shown.contains(&first[5]), "{shown}");
+    let again = ids_of(&stdout(&app.cli(&["dlq", "list", "--json"])));
+    assert_eq!(again, first, "the same order after three walks");
+}
+
+/// One node kill: which node, when, and what it did to the deliveries.
+struct Kill {
+    node: usize,
+    at: Instant,
+    wall: std::time::SystemTime,
+}
+
+/// Kills node `n` for [`OUTAGE`], then brings it back.
+async fn kill_for_a_while(n: usize) -> Kill {
+    let (at, wall) = tokio::task::spawn_blocking(move || cluster::kill(n))
+        .await
+        .unwrap();
+    // The outage's own length, not a wait for something.
+    tokio::time::sleep(OUTAGE).await;
+    tokio::task::spawn_blocking(move || cluster::start(n))
+        .await
+        .unwrap();
+    Kill { node: n, at, wall }
+}
+
+/// The chaos receiver, with every answer taking [`PACE`] at least.
+fn paced_flaky(r: &common::receiver::Recorded) -> Reply {
+    let reply = flaky(r);
+    let pace = reply.delay.max(PACE);
+    reply.delay(pace)
+}
+
+async fn node_loss_under_load(backend: DelayBackend) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let _down = ClusterGuard;
+    let urls = cluster_up().await;
+    let app = TestApp::on(&urls, "nodeloss", backend);
+    let rx = Receiver::start(paced_flaky).await;
+    let load = load(&rx, 5_000);
+    preload(&app, &load).await;
+    let_quorum_queues_age().await;
+    let c = CONCURRENCY.to_string();
+    let args = [
+        "--concurrency",
+        &c,
+        "--endpoint-concurrency",
+        &c,
+        "--timeout",
+        "1s",
+        "--schedule",
+        "50ms,100ms,200ms,500ms,1s",
+        "--max-attempts",
+        "15",
+        "--retry-settle",
+        "0s",
+        "--shutdown-grace",
+        "5s",
+    ];
+    let started = Instant::now();
+    let mut fleet = Fleet::start(&app, WORKERS, &args);
+    // Under load a while before each kill: the chaos's own pace.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = leader(&app, "work", 1).expect("the work queue has a leader");
+    let k1 = kill_for_a_while(first).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let via = first % 3 + 1;
+    let now = leader(&app, "work", via).expect("the work queue has a leader");
+    let second = if now == first { via } else { now };
+    let k2 = kill_for_a_while(second).await;
+    let ids: Vec<String> = load.into_iter().map(|(id, _)| id).collect();
+    // Idle for 10 s with nothing queued or held: the longest retry delay
+    // is 1 s, so what has not arrived by then is lost.
+    let idle = Some(Duration::from_secs(10));
+    let within = Duration::from_secs(120);
+    let t = settle_on(&app, &ids, &[&rx], within, &cluster::ports(), idle).await;
+    let elapsed = started.elapsed();
+    let running = fleet.all_running();
+    report(backend, &rx, &fleet, &[&k1, &k2], &t, elapsed);
+    let unexplained = lost_outside_elections(&fleet, &t.lost, &[&k1, &k2]);
+    let rerouted = match backend {
+        DelayBackend::Plugin => rerouted_at_most(&fleet, &[&k1, &k2]),
+        DelayBackend::Cascade => 0,
+    };
+    let statuses = tokio::task::spawn_blocking(move || (fleet.stop(), fleet))
+        .await
+        .unwrap()
+        .0;
+    match backend {
+        DelayBackend::Cascade => assert!(
+            t.lost.is_empty(),
+            "lost {}: {:?}",
+            t.lost.len(),
+            &t.lost[..t.lost.len().min(20)]
+        ),
+        DelayBackend::Plugin => assert!(
+            unexplained.is_empty(),
+            "lost outside a leader election: {unexplained:?}"
+        ),
+    }
+    let gone = |id: &str| {
+        id.trim_start_matches("c-")
+            .parse::<usize>()
+            .is_ok_and(|i| i % 100 == 99)
+    };
+    for (id, reason) in &t.dead {
+        assert_eq!(
+            reason == "permanent-status",
+            gone(id),
+            "{id} dead as {reason}"
+        );
+    }
+    // Each kill can redeliver what every worker held unacked (a worker on
+    // the killed node loses its channel; one elsewhere may lose the
+    // leader's record of its deliveries); with the plugin, the killed node
+    // may also route again what it routed just before.
+    let bound = 2 * WORKERS * CONCURRENCY + rerouted;
+    assert!(
+        t.duplicates <= bound,
+        "duplicates {} > {bound}",
+        t.duplicates
+    );
+    assert!(running, "no worker died on its own");
+    assert!(
+        statuses.iter().all(|s| s.success()),
+        "clean shutdowns: {statuses:?}"
+    );
+}
+
+/// The lost ids whose last retry did not fall due within [`ELECTION`]
+/// after a kill (or the second before it: a routed copy in flight to the
+/// leader when it died).
+fn lost_outside_elections(fleet: &Fleet, lost: &[String], kills: &[&Kill]) -> Vec<String> {
+    let due = cluster::retries_due(fleet.logs());
+    let last = |id: &String| due.get(id).and_then(|d| d.iter().max().copied());
+    lost.iter()
+        .filter(|id| {
+            !last(id).is_some_and(|at| due_around(at, kills, Duration::from_secs(1), ELECTION))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Whether `at` lies within `before` ahead of a kill or `after` behind it.
+fn due_around(
+    at: std::time::SystemTime,
+    kills: &[&Kill],
+    before: Duration,
+    after: Duration,
+) -> bool {
+    kills
+        .iter()
+        .any(|k| at >= k.wall - before && at <= k.wall + after)
+}
+
+/// Retries that fell due in the [`REROUTE`] before a kill: on the plugin
+/// backend, the killed node may route each of them again after its restart.
+fn rerouted_at_most(fleet: &Fleet, kills: &[&Kill]) -> usize {
+    let due = cluster::retries_due(fleet.logs());
+    let all = due.values().flatten();
+    all.filter(|at| due_around(**at, kills, REROUTE, Duration::ZERO))
+        .count()
+}
+
+fn report(
+    backend: DelayBackend,
+    rx: &Receiver,
+    fleet: &Fleet,
+    kills: &[&Kill],
+    t: &Tally,
+    took: Duration,
+) {
+    let requests = rx.requests();
+    println!(
+        "cluster node loss ({}): 5000 notifications in {:.1} s: delivered {}, dead {}, lost {}, \
+         attempts {}, duplicate successes {}, logs in {}",
+        backend.as_str(),
+        took.as_secs_f64(),
+        t.delivered.len(),
+        t.dead.len(),
+        t.lost.len(),
+        t.attempts,
+        t.duplicates,
+        fleet.logs().display()
+    );
+    for k in kills {
+        let flow = match cluster::stall_after(&requests, k.at, Duration::from_secs(20)) {
+            Some(s) => format!(
+                "longest pause in deliveries {:.2} s, ending {:.2} s after the kill",
+                s.longest_pause.as_secs_f64(),
+                s.flowing_again_after.as_secs_f64()
+            ),
+            None => "no delivery in the 20 s after it".into(),
+        };
+        let (lost, back) = cluster::workers_back(fleet.logs(), k.wall, Duration::from_secs(15));
+        let back = match (lost, back) {
+            (0, _) => "no worker was connected to it".into(),
+            (n, Some(d)) => format!(
+                "{n} worker(s) lost their session, all consuming again {:.2} s after the kill",
+                d.as_secs_f64()
+            ),
+            (n, None) => format!("{n} worker(s) lost their session, not all consuming again"),
+        };
+        println!("  kill -9 of node {}: {flow}; {back}", k.node);
+    }
+}
+
+/// 5,000 dead letters, more than two of `dlq`'s windows, declared through
+/// node 1 (which leads the queue) and read through node 3: a list, a
+/// limited list, a `show` and a purge of one leave the rest in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_keep_their_order_across_walks() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let _down = ClusterGuard;
+    cluster_up().await;
+    let app = TestApp::on(&cluster::url(1), "dlqorder", DelayBackend::Cascade);
+    let now = common::dead_letters::now_ms();
+    let ids: Vec<String> = (0..5_000).map(|i| format!("d-{i:05}")).collect();
+    let items: Vec<_> = ids
+        .iter()
+        .map(|id| common::dead_letters::dead(id, "http://127.0.0.1:9/x", "max-attempts", now))
+        .collect();
+    app.publish_to_queue("dead", &items).await;
+    let via3 = |args: &[&str]| {
+        let out = app
+            .command_via(&cluster::url(3))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout(&out)
+    };
+    assert_eq!(
+        ids_of(&via3(&["dlq", "list", "--json"])),
+        ids,
+        "the first walk"
+    );
+    assert_eq!(
+        ids_of(&via3(&["dlq", "list", "--json", "--limit", "3"])),
+        ids[..3]
+    );
+    assert!(via3(&["dlq", "show", "d-04500"]).contains("d-04500"));
+    via3(&["dlq", "purge", "--yes", "d-02000"]);
+    let rest: Vec<String> = ids.iter().filter(|i| *i != "d-02000").cloned().collect();
+    assert_eq!(
+        ids_of(&via3(&["dlq", "list", "--json"])),
+        rest,
+        "after four walks"
+    );
+    assert_eq!(
+        leader(&app, "dead", 1),
+        Some(1),
+        "node 1 leads, node 3 read"
+    );
+}
+
+mod plugin {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn three_workers_deliver_retry_and_dead_letter() {
+        super::three_workers_deliver_retry_and_dead_letter(DelayBackend::Plugin).await
+    }
+
+    /// Retries the killed node held wait until it is back: every id
+    /// arrives once it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn node_loss_under_load() {
+        super::node_loss_under_load(DelayBackend::Plugin).await
+    }
+}
+
+mod cascade {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn three_workers_deliver_retry_and_dead_letter() {
+        super::three_workers_deliver_retry_and_dead_letter(DelayBackend::Cascade).await
+    }
+
+    /// Every queue of the cascade is a quorum queue: nothing waits for the
+    /// killed node, and nothing is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn node_loss_under_load() {
+        super::node_loss_under_load(DelayBackend::Cascade).await
+    }
+}
+
+/// The figures read the workers' JSON log lines: their time and fields.
+#[test]
+fn worker_log_lines_parse() {
+    let text = r#"{"timestamp":"2026-11-25T08:02:06.5Z","level":"INFO","message":"attempt","id":"c-1","delay_ms":50}
+not json
+{"timestamp":"2026-11-25T08:02:07.5Z","level":"WARN","message":"session lost; in-flight deliveries return to the queue"}"#;
+    let lines: Vec<_> = cluster::log_lines(text).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        lines[1].at.duration_since(lines[0].at).unwrap(),
+        Duration::from_secs(1)
+    );
+    assert_eq!(lines[0].json["delay_ms"], 50);
+    assert!(lines[1].message.starts_with("session lost"));
+}
