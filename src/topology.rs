@@ -207,11 +207,10 @@ pub const WORK_DELIVERY_LIMIT: i64 = 1_000_000;
 /// The dead-letter queue has the work queue's type. A quorum queue is
 /// replicated to the cluster's nodes (every node, on RabbitMQ 3.x), so
 /// losing one node, or its disk, loses no dead letter and dead-lettering
-/// goes on while it is down. `dlq` walks it with `basic.get` without
-/// acking and closes the channel, which returns every message to the head
-/// of the queue in order (`tests/cluster.rs` checks the order on a
-/// cluster); quorum queues add an `x-delivery-count` header on the way,
-/// which the walk ignores.
+/// goes on while it is down. `dlq` walks it without acking and gives
+/// every message back in order (`ops::dlq`; `tests/cluster.rs` checks the
+/// order on a cluster); quorum queues add an `x-delivery-count` header on
+/// the way, which the walk ignores.
 pub(crate) fn dead_args(queue_type: QueueType) -> FieldTable {
     match queue_type {
         // Every walk returns each message once, and RabbitMQ 4.0-4.2 counts

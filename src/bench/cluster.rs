@@ -40,7 +40,7 @@ impl Bench {
         let rate = self.drain_cluster(&urls, n, &args).await?;
         let name = format!("{}-node cluster, a worker on each node", urls.urls().len());
         self.push(p, name, Some(rate), "msg/s");
-        let name = "ratio cluster / single node (replication's cost, shared cores)";
+        let name = "ratio cluster / single node";
         self.push(p, name, Some(rate / single), "x");
         Ok(())
     }
