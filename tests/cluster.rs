@@ -31,9 +31,9 @@ use redeliver::delay::DelayBackend;
 use serde_json::Value;
 
 const WORKERS: usize = 3;
-/// Per worker: with the receiver's pace, about 250 attempts/s in all, so
-/// the load lasts through both node kills.
-const CONCURRENCY: usize = 6;
+/// Per worker: with the receiver's pace, about 170 attempts/s in all, so
+/// the load (about 7,700 attempts) lasts through both node kills.
+const CONCURRENCY: usize = 4;
 /// How long the receiver takes for each request.
 const PACE: Duration = Duration::from_millis(20);
 /// How long a killed node stays down.
@@ -276,6 +276,10 @@ async fn node_loss_under_load(backend: DelayBackend) {
     let elapsed = started.elapsed();
     let running = fleet.all_running();
     report(backend, &rx, &fleet, &[&k1, &k2], &t, elapsed);
+    for k in [&k1, &k2] {
+        let flowing = cluster::stall_after(&rx.requests(), k.at, Duration::from_secs(20));
+        assert!(flowing.is_some(), "node {} was killed under load", k.node);
+    }
     let unexplained = lost_outside_elections(&fleet, &t.lost, &[&k1, &k2]);
     let rerouted = match backend {
         DelayBackend::Plugin => rerouted_at_most(&fleet, &[&k1, &k2]),

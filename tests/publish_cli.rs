@@ -203,7 +203,8 @@ async fn a_url_list_skips_the_urls_that_refuse() {
 }
 
 /// A dead-letter queue declared classic by an earlier build is kept:
-/// commands go on using it, and `dlq list` reads it.
+/// commands go on using it, and `dlq list` reads it, more than one of its
+/// windows long, in order, twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_classic_dead_letter_queue_from_an_earlier_build_is_kept() {
     let app = TestApp::new("olddlq", DelayBackend::Plugin);
@@ -226,11 +227,26 @@ async fn a_classic_dead_letter_queue_from_an_earlier_build_is_kept() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let list = app.cli(&["dlq", "list"]);
-    assert!(
-        list.status.success(),
-        "{}",
-        String::from_utf8_lossy(&list.stderr)
-    );
+    let now = common::dead_letters::now_ms();
+    let ids: Vec<String> = (0..2_500).map(|i| format!("old-{i:04}")).collect();
+    let items: Vec<_> = ids
+        .iter()
+        .map(|id| common::dead_letters::dead(id, "http://127.0.0.1:9/", "max-attempts", now))
+        .collect();
+    app.publish_to_queue("dead", &items).await;
+    for walk in 0..2 {
+        let list = app.cli(&["dlq", "list", "--json"]);
+        assert!(
+            list.status.success(),
+            "{}",
+            String::from_utf8_lossy(&list.stderr)
+        );
+        let listed: Vec<String> = stdout(&list)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+            .map(|id| id.trim_matches('"').to_string())
+            .collect();
+        assert_eq!(listed, ids, "walk {walk}: every dead letter, in order");
+    }
     let _ = conn.close(200, "".into()).await;
 }

@@ -15,18 +15,39 @@ use super::phases::Bench;
 use super::procs::Spawner;
 use super::sink::Mode;
 use crate::config::{AmqpUrl, BrokerSettings};
+use crate::ops::local_cluster;
 
 /// Workers in each run: one a node on the cluster.
 const WORKERS: usize = 3;
 
 impl Bench {
+    /// On `--cluster-url`, or else on the local test cluster, started for
+    /// this phase only (three idle nodes would share the cores with the
+    /// other phases) and stopped after it when it was not running before.
     pub(super) async fn cluster(&mut self) -> anyhow::Result<()> {
-        let p = Phase::Cluster;
-        let Some(urls) = self.opts.cluster_url.clone() else {
-            let name = "skipped: no --cluster-url (and no local test cluster)";
-            self.push(p, name, None, "msg/s");
-            return Ok(());
+        if let Some(urls) = self.opts.cluster_url.clone() {
+            return self.cluster_on(&urls).await;
+        }
+        let local = match local_cluster::up(&mut std::io::stderr()).await {
+            Ok(Some(local)) => local,
+            Ok(None) => return self.skip_cluster("no --cluster-url, and no checkout to start one"),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the local test cluster did not start");
+                return self.skip_cluster("the local test cluster did not start");
+            }
         };
+        let result = self.cluster_on(&AmqpUrl::new(local.urls.clone())).await;
+        local.release().await?;
+        result
+    }
+
+    fn skip_cluster(&mut self, why: &str) -> anyhow::Result<()> {
+        self.push(Phase::Cluster, format!("skipped: {why}"), None, "msg/s");
+        Ok(())
+    }
+
+    async fn cluster_on(&mut self, urls: &AmqpUrl) -> anyhow::Result<()> {
+        let p = Phase::Cluster;
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
         let args = Self::concurrency_args(c);
         self.sink.reset(Mode::default());
@@ -37,7 +58,7 @@ impl Bench {
         let name = format!("single node, {WORKERS} workers × concurrency {c}");
         self.push(p, name, Some(single), "msg/s");
         self.sink.reset(Mode::default());
-        let rate = self.drain_cluster(&urls, n, &args).await?;
+        let rate = self.drain_cluster(urls, n, &args).await?;
         let name = format!("{}-node cluster, a worker on each node", urls.urls().len());
         self.push(p, name, Some(rate), "msg/s");
         let name = "ratio cluster / single node";

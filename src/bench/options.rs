@@ -79,7 +79,8 @@ pub struct BenchOptions {
     /// The `redeliver` executable that runs the workers.
     pub worker_exe: PathBuf,
     /// The URLs of a three-node cluster's nodes, for the cluster phase
-    /// (`None`: that phase reports no figure).
+    /// (`None`: the local test cluster, which the phase starts and stops
+    /// again; no figure where there is none).
     pub cluster_url: Option<crate::config::AmqpUrl>,
 }
 

@@ -9,7 +9,6 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::Phase;
 use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
 use crate::cli::errors::error_line;
 use crate::cli::settings::{broker_settings, worker_settings};
@@ -53,15 +52,6 @@ pub async fn bench(
         crate::ops::local_node::ensure_running(&mut std::io::stderr()).await?;
         broker.url = AmqpUrl::new(crate::ops::local_node::url());
     }
-    let wants_cluster = args.phase.is_empty() || args.phase.contains(&Phase::Cluster);
-    let local = match (&args.cluster_url, wants_cluster) {
-        (None, true) => crate::ops::local_cluster::up(&mut std::io::stderr()).await?,
-        _ => None,
-    };
-    let cluster_url = args
-        .cluster_url
-        .clone()
-        .or(local.as_ref().map(|c| c.urls.clone()));
     let opts = crate::bench::BenchOptions {
         broker,
         phases: args.phase.clone(),
@@ -69,14 +59,9 @@ pub async fn bench(
         concurrency: args.concurrency.into(),
         quick: args.quick,
         worker_exe: std::env::current_exe().context("finding this executable")?,
-        cluster_url: cluster_url.map(AmqpUrl::new),
+        cluster_url: args.cluster_url.clone().map(AmqpUrl::new),
     };
-    let report = crate::bench::run(&opts, &mut std::io::stderr()).await;
-    // Stopped also when the run failed, when the bench started it.
-    if let Some(c) = local {
-        c.release().await?;
-    }
-    let report = report?;
+    let report = crate::bench::run(&opts, &mut std::io::stderr()).await?;
     report.write_table(out)?;
     if let Some(path) = &args.json {
         let json = serde_json::to_vec_pretty(&report)?;

@@ -21,9 +21,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// comma-separated. `Debug` and `Display` hide every password.
 ///
 /// Every [`connect`](AmqpUrl::connect) starts at the URL after the one the
-/// previous connect started at, beginning at a random one: a fleet of
-/// workers spreads over the nodes, and a worker whose connection was lost
-/// tries another node first. Clones share that position.
+/// previous connect reached (or started at, when none answered), beginning
+/// at a random one: a fleet of workers spreads over the nodes, and a worker
+/// whose connection was lost tries another node first, not the dead one.
+/// Clones share that position.
 #[derive(Clone)]
 pub struct AmqpUrl {
     urls: Arc<[String]>,
@@ -91,6 +92,11 @@ impl AmqpUrl {
                 } else {
                     redact_url(u)
                 };
+                // lapin's message can quote the whole URL, password and all.
+                let reason = match u.is_empty() {
+                    true => reason,
+                    false => reason.replace(u.as_str(), &url),
+                };
                 return Err(BadUrl { url, reason });
             }
         }
@@ -98,7 +104,8 @@ impl AmqpUrl {
     }
 
     /// Connects to the first URL that accepts, in turn from the next
-    /// position. The error is the last URL's.
+    /// position: the one after the URL that answered last, so a worker
+    /// whose node died tries another first. The error is the last URL's.
     pub async fn connect(&self, name: &str) -> Result<Connection, lapin::Error> {
         self.connect_to(name).await.map(|(conn, _)| conn)
     }
@@ -110,7 +117,10 @@ impl AmqpUrl {
         let mut last = None;
         for i in (0..n).map(|k| (start + k) % n) {
             match connect_one(&self.urls[i], name).await {
-                Ok(conn) => return Ok((conn, redact_url(&self.urls[i]))),
+                Ok(conn) => {
+                    self.next.store(i + 1, Ordering::Relaxed);
+                    return Ok((conn, redact_url(&self.urls[i])));
+                }
                 Err(e) => {
                     if n > 1 {
                         let url = redact_url(&self.urls[i]);
@@ -183,6 +193,12 @@ mod tests {
             u.expose(),
             "amqp://a:pw1@h1:5672/%2f,amqp://a:pw2@h2:5673/%2f,amqps://h3/v"
         );
+    }
+
+    #[test]
+    fn a_malformed_url_is_reported_without_its_password() {
+        let e = AmqpUrl::new("amqp:u:s3cret@h1").validate().unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("s3cret"), "{e}");
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub async fn up(out: &mut dyn std::io::Write) -> anyhow::Result<Option<LocalClus
     if !ctl.is_file() {
         return Ok(None);
     }
-    let running = ctl_cmd(&ctl, "status").await?.0;
+    // `status` prints one line a node; a cluster with any node running is
+    // someone's, and is brought up but never stopped by us.
+    let status = ctl_cmd(&ctl, "status").await?.1;
+    let running = status.lines().any(|l| l.ends_with(" running"));
     if !running {
         writeln!(
             out,
@@ -55,7 +58,8 @@ impl LocalCluster {
     /// Stops the cluster when [`up`] started it; leaves it running otherwise.
     pub async fn release(self) -> anyhow::Result<()> {
         if self.started_here {
-            ctl_cmd(&self.ctl, "down").await?;
+            let (ok, _) = ctl_cmd(&self.ctl, "down").await?;
+            anyhow::ensure!(ok, "{} cluster down failed", self.ctl.display());
         }
         Ok(())
     }

@@ -88,12 +88,13 @@ impl Api {
     pub async fn node_at(&self, url: &str) -> Option<String> {
         let u = url::Url::parse(url).ok()?;
         let host = u.host_str()?.trim_matches(|c| c == '[' || c == ']');
+        // The url crate knows no default port for amqp(s).
+        let port = u.port().unwrap_or(match u.scheme() {
+            "amqps" => 5671,
+            _ => 5672,
+        });
         let all = self.get("overview?columns=listeners").await?;
-        node_listening(
-            all.get("listeners")?.as_array()?,
-            host,
-            u.port_or_known_default()?,
-        )
+        node_listening(all.get("listeners")?.as_array()?, host, port)
     }
 
     /// The cluster's nodes (disc and RAM), running or not.

@@ -27,13 +27,16 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
+use tracing::warn;
 
 /// Unacked messages per channel: what the broker may push ahead of the
 /// walk, and so the most message bodies held in memory at once.
 const WINDOW: u16 = 2_000;
 
 /// How long to wait for the next message before asking whether any is
-/// left (another walk may hold the rest).
+/// left (another walk may hold the rest). The walk ends after two such
+/// waits in a row find nothing ready: a message already on its way to this
+/// consumer counts as unacked, not ready, so one empty look is not proof.
 const IDLE: Duration = Duration::from_secs(1);
 
 /// How long to wait for a closed channel's messages to be back before
@@ -75,6 +78,7 @@ impl<'a> Reader<'a> {
         if full {
             self.open().await?;
         }
+        let mut empty_looks = 0;
         loop {
             let Some(w) = self.windows.last_mut() else {
                 return Ok(None);
@@ -84,9 +88,18 @@ impl<'a> Reader<'a> {
                     w.unacked += 1;
                     return delivery.map(Some);
                 }
+                // The broker cancelled the consumer (the queue was deleted).
                 Ok(None) => return Ok(None),
-                Err(_) if self.ready().await? == 0 => return Ok(None),
-                Err(_) => continue,
+                Err(_) => {
+                    empty_looks = if self.ready().await? == 0 {
+                        empty_looks + 1
+                    } else {
+                        0
+                    };
+                    if empty_looks >= 2 {
+                        return Ok(None);
+                    }
+                }
             }
         }
     }
@@ -101,40 +114,55 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// Gives every kept message back, window by window, in order.
-    pub(super) async fn finish(self) -> Result<(), lapin::Error> {
-        if self.windows.is_empty() {
-            return Ok(());
-        }
+    /// Gives every kept message back, window by window, in order. Best
+    /// effort: a step that fails is logged and the rest go on, since every
+    /// kept message returns to the queue anyway when the connection closes
+    /// (only their order is at stake).
+    pub(super) async fn finish(self) {
         // First stop every consumer, so that a block returned by one
         // channel is not pushed to a consumer of a later one (which would
         // return it behind its own).
         for w in &self.windows {
             let tag = w.consumer.tag();
-            w.ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-                .await?;
+            let cancel = BasicCancelOptions::default();
+            if let Err(e) = w.ch.basic_cancel(tag.as_str().into(), cancel).await {
+                warn!(error = %e, "dead-letter walk: cancelling a consumer failed");
+            }
         }
-        let probe = self.conn.create_channel().await?;
-        let baseline = ready_on(&probe, &self.queue).await?;
+        let probe = match self.windows.len() {
+            0 | 1 => None,
+            _ => self.conn.create_channel().await.ok(),
+        };
+        let baseline = match &probe {
+            Some(p) => ready_on(p, &self.queue).await.ok(),
+            None => None,
+        };
         let mut back = 0u64;
         for w in &self.windows {
             let _ = w.ch.close(200, "dead-letter walk done".into()).await;
             back += w.unacked as u64;
-            // Ready can only lag what was returned: a message that arrives
-            // meanwhile at worst ends the wait early.
-            let deadline = tokio::time::Instant::now() + RETURN_WAIT;
-            while ready_on(&probe, &self.queue).await? < baseline + back
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            if let (Some(p), Some(base)) = (&probe, baseline) {
+                wait_ready(p, &self.queue, base + back).await;
             }
         }
-        let _ = probe.close(200, "dead-letter walk done".into()).await;
-        Ok(())
+        if let Some(p) = probe {
+            let _ = p.close(200, "dead-letter walk done".into()).await;
+        }
     }
 
     /// A new channel whose one consumer may hold [`WINDOW`] messages.
     async fn open(&mut self) -> Result<(), lapin::Error> {
+        // Two channels are kept for counting: beyond the broker's channel
+        // limit the walk could not give its windows back in order.
+        let max = usize::from(self.conn.configuration().channel_max());
+        if max > 0 && self.windows.len() + 3 > max {
+            let what = format!(
+                "the dead-letter queue holds more than {} messages, more than one walk \
+                 can read in order on this broker (channel_max {max})",
+                self.windows.len() * usize::from(WINDOW)
+            );
+            return Err(std::io::Error::other(what).into());
+        }
         let ch = self.conn.create_channel().await?;
         // basic.qos before basic.consume: a per-consumer prefetch applies
         // to the consumers started after it.
@@ -161,6 +189,30 @@ impl<'a> Reader<'a> {
         match self.windows.last() {
             Some(w) => ready_on(&w.ch, &self.queue).await,
             None => Ok(0),
+        }
+    }
+}
+
+/// Waits until `queue` has `want` messages ready: the block a closed
+/// channel returned is back. A message that arrives meanwhile counts too,
+/// and can end the wait early; then, or after [`RETURN_WAIT`], the next
+/// block may come back before this one (nothing is lost).
+async fn wait_ready(probe: &Channel, queue: &str, want: u64) {
+    let deadline = tokio::time::Instant::now() + RETURN_WAIT;
+    loop {
+        match ready_on(probe, queue).await {
+            Ok(n) if n >= want => return,
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(n) => {
+                warn!(ready = n, want, "dead-letter walk: a block was not back in time; the order of two blocks may differ");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "dead-letter walk: cannot count the queue; the order of two blocks may differ");
+                return;
+            }
         }
     }
 }
