@@ -162,24 +162,11 @@ async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
         t.dead.values().all(|r| !r.is_empty()),
         "every dead letter has a reason"
     );
-    // `/gone` (every 100th id) answers 410: those, and only those, end as
-    // permanent-status dead letters, and are never delivered.
-    let gone = |id: &str| {
-        id.trim_start_matches("c-")
-            .parse::<usize>()
-            .is_ok_and(|i| i % 100 == 99)
-    };
-    for (id, reason) in &t.dead {
-        assert_eq!(
-            reason == "permanent-status",
-            gone(id),
-            "{id} dead as {reason}"
-        );
-    }
+    t.assert_only_gone_are_permanent();
     assert!(
         s.ids
             .iter()
-            .filter(|id| gone(id))
+            .filter(|id| is_gone(id))
             .all(|id| t.dead.contains_key(id) && !t.delivered.contains(id)),
         "every /gone notification was dead-lettered and none delivered"
     );

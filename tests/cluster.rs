@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::chaos::{flaky, load, preload, settle_on, Fleet, Tally};
 use common::cluster;
+use common::dead_letters::ids_of;
 use common::harness::{let_quorum_queues_age, stdout, wait_until_async};
 use common::receiver::{Receiver, Reply};
 use common::TestApp;
@@ -78,14 +79,6 @@ fn status(app: &TestApp, via: usize) -> Value {
 fn leader(app: &TestApp, queue: &str, via: usize) -> Option<usize> {
     let s = status(app, via);
     cluster::node_number(s[queue]["placement"]["leader"].as_str()?)
-}
-
-fn ids_of(json_lines: &str) -> Vec<String> {
-    let rows = json_lines
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap());
-    rows.map(|r| r["id"].as_str().unwrap().to_string())
-        .collect()
 }
 
 /// /ok answers 200; /flaky 500 twice, then 200; /gone 410; /down 503.
@@ -301,18 +294,7 @@ async fn node_loss_under_load(backend: DelayBackend) {
             "lost outside a leader election: {unexplained:?}"
         ),
     }
-    let gone = |id: &str| {
-        id.trim_start_matches("c-")
-            .parse::<usize>()
-            .is_ok_and(|i| i % 100 == 99)
-    };
-    for (id, reason) in &t.dead {
-        assert_eq!(
-            reason == "permanent-status",
-            gone(id),
-            "{id} dead as {reason}"
-        );
-    }
+    t.assert_only_gone_are_permanent();
     // Each kill can redeliver what every worker held unacked (a worker on
     // the killed node loses its channel; one elsewhere may lose the
     // leader's record of its deliveries); with the plugin, the killed node

@@ -241,11 +241,7 @@ async fn a_classic_dead_letter_queue_from_an_earlier_build_is_kept() {
             "{}",
             String::from_utf8_lossy(&list.stderr)
         );
-        let listed: Vec<String> = stdout(&list)
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
-            .map(|id| id.trim_matches('"').to_string())
-            .collect();
+        let listed = common::dead_letters::ids_of(&stdout(&list));
         assert_eq!(listed, ids, "walk {walk}: every dead letter, in order");
     }
     let _ = conn.close(200, "".into()).await;

@@ -40,6 +40,13 @@ pub fn flaky(r: &Recorded) -> Reply {
     }
 }
 
+/// Whether [`load`] sent id `id` to `/gone` (every 100th).
+pub fn is_gone(id: &str) -> bool {
+    id.trim_start_matches("c-")
+        .parse::<usize>()
+        .is_ok_and(|i| i % 100 == 99)
+}
+
 /// `n` notifications with ids `c-0..`; every 100th targets `/gone`.
 pub fn load(rx: &Receiver, n: usize) -> Vec<(String, serde_json::Value)> {
     (0..n)
@@ -245,6 +252,18 @@ impl Tally {
         ids.iter()
             .filter(|id| self.delivered.contains(*id) || self.dead.contains_key(*id))
             .count()
+    }
+
+    /// `/gone` answers 410: those ids ([`is_gone`]), and only those, end
+    /// as permanent-status dead letters.
+    pub fn assert_only_gone_are_permanent(&self) {
+        for (id, reason) in &self.dead {
+            assert_eq!(
+                reason == "permanent-status",
+                is_gone(id),
+                "{id} dead as {reason}"
+            );
+        }
     }
 }
 

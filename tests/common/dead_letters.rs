@@ -49,3 +49,12 @@ pub fn fixture(rx: &str) -> Vec<(Vec<u8>, FieldTable)> {
         dead("d", &format!("{rx}/shop/4"), "invalid", now - 3_000),
     ]
 }
+
+/// The ids of `dlq list --json` (or `export`) output, in order.
+pub fn ids_of(json_lines: &str) -> Vec<String> {
+    let rows = json_lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+    rows.map(|r| r["id"].as_str().unwrap().to_string())
+        .collect()
+}
