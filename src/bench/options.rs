@@ -82,6 +82,9 @@ pub struct BenchOptions {
     /// (`None`: the local test cluster, which the phase starts and stops
     /// again; no figure where there is none).
     pub cluster_url: Option<crate::config::AmqpUrl>,
+    /// The broker node's OS process, when it runs on this machine (the
+    /// local test node), for its CPU per delivery.
+    pub broker_pid: Option<u32>,
 }
 
 /// The sizes every phase uses, derived from the options.

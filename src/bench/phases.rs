@@ -1,5 +1,6 @@
 //! The phases of `redeliver bench`. Phases 1–4 here; 5–8 in `timed.rs`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -28,6 +29,9 @@ pub struct Bench {
     pub(super) sink_per_s: Option<f64>,
     pub(super) e2e_per_s: Option<f64>,
     pub(super) e2e_cpu_per_10k: Option<f64>,
+    /// The broker's CPU seconds over the last drain (`f64` bits; NaN:
+    /// unknown), set by [`Bench::drain_on`], which takes `&self`.
+    last_broker_cpu: AtomicU64,
 }
 
 impl Bench {
@@ -52,6 +56,7 @@ impl Bench {
             sink_per_s: None,
             e2e_per_s: None,
             e2e_cpu_per_10k: None,
+            last_broker_cpu: AtomicU64::new(f64::NAN.to_bits()),
         })
     }
 
@@ -195,6 +200,8 @@ impl Bench {
         args: &[String],
         n: usize,
     ) -> anyhow::Result<Vec<Usage>> {
+        let broker_cpu = || self.opts.broker_pid.and_then(super::procs::cpu_seconds);
+        let broker_before = broker_cpu();
         let procs: Vec<WorkerProc> = spawners
             .iter()
             .map(|s| s.spawn(prefix, args, false))
@@ -202,6 +209,12 @@ impl Bench {
         let within = Duration::from_secs(120) + Duration::from_millis(n as u64 * 5);
         let done = self.sink.wait_for(n as u64, within).await;
         let usage = procs.iter().filter_map(WorkerProc::usage).collect();
+        let used = match (broker_before, broker_cpu()) {
+            (Some(a), Some(b)) => b - a,
+            _ => f64::NAN,
+        };
+        self.last_broker_cpu
+            .store(used.to_bits(), Ordering::Relaxed);
         for p in procs {
             p.stop().await?;
         }
@@ -254,7 +267,7 @@ impl Bench {
             .map(|_| {
                 let (h, n0, next) = (handler.clone(), notification.clone(), next.clone());
                 tokio::spawn(async move {
-                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                    while next.fetch_add(1, Ordering::Relaxed) < n {
                         h.deliver(&n0, 1).await;
                     }
                 })
@@ -306,7 +319,17 @@ impl Bench {
             |r| r >= 0.70,
         );
         let cpu = usage.first().map(|u| u.cpu_s / n as f64 * 10_000.0);
-        self.push(p, "worker CPU per 10,000 deliveries", cpu, "s");
+        let name = "worker CPU per 10,000 deliveries";
+        self.push_target(p, name, cpu, "s", "≤ 0.40", |s| s <= 0.40);
+        let bits = self.last_broker_cpu.load(Ordering::Relaxed);
+        let broker = Some(f64::from_bits(bits)).filter(|s| !s.is_nan());
+        let per_10k = broker.map(|s| s / n as f64 * 10_000.0);
+        self.push(
+            p,
+            "broker CPU per 10,000 deliveries (local node)",
+            per_10k,
+            "s",
+        );
         self.e2e_per_s = Some(rate);
         self.e2e_cpu_per_10k = cpu;
         Ok(())

@@ -97,6 +97,18 @@ fn field(line: &str, key: &str) -> Option<u64> {
     rest[..end].parse().ok()
 }
 
+/// The CPU seconds (user and system) process `pid` has used so far, from
+/// `/proc` (`None` off Linux or once it exited).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name (which may hold spaces);
+    // utime and stime are the 14th and 15th fields of the whole line.
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / TICKS_PER_SECOND)
+}
+
 /// A process's CPU seconds and peak resident memory.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
@@ -113,12 +125,7 @@ impl WorkerProc {
     pub fn usage(&self) -> Option<Usage> {
         let pid = self.pid()?;
         let proc_dir = Path::new("/proc").join(pid.to_string());
-        let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
-        // Fields after the parenthesised command name; utime and stime are
-        // the 14th and 15th fields of the whole line.
-        let after = stat.get(stat.rfind(')')? + 2..)?;
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        let cpu_s = cpu_seconds(pid)?;
         let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
         let hwm_kb: f64 = status
             .lines()
@@ -129,7 +136,7 @@ impl WorkerProc {
             .parse()
             .ok()?;
         Some(Usage {
-            cpu_s: ticks / TICKS_PER_SECOND,
+            cpu_s,
             peak_rss_mib: hwm_kb / 1024.0,
         })
     }

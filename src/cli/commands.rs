@@ -48,9 +48,11 @@ pub async fn bench(
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
     let mut broker = broker_settings(g);
+    let mut broker_pid = None;
     if g.amqp_url.is_none() {
         crate::ops::local_node::ensure_running(&mut std::io::stderr()).await?;
         broker.url = AmqpUrl::new(crate::ops::local_node::url());
+        broker_pid = crate::ops::local_node::pid();
     }
     let opts = crate::bench::BenchOptions {
         broker,
@@ -60,6 +62,7 @@ pub async fn bench(
         quick: args.quick,
         worker_exe: std::env::current_exe().context("finding this executable")?,
         cluster_url: args.cluster_url.clone().map(AmqpUrl::new),
+        broker_pid,
     };
     let report = crate::bench::run(&opts, &mut std::io::stderr()).await?;
     report.write_table(out)?;

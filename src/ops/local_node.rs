@@ -27,6 +27,16 @@ fn url_for(port: u16) -> String {
     format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
 }
 
+/// The running local node's OS process id, from the pid file `ctl` keeps
+/// under `target/test-broker/` (`None`: not running from this checkout).
+pub fn pid() -> Option<u32> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/test-broker")
+        .join(format!("node-{}", port()))
+        .join("node.pid");
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
 /// The node's port, read the way the tests read it (`tests/common`), so the
 /// demo and `cargo test` talk to the same node.
 fn port() -> u16 {
