@@ -153,6 +153,8 @@ async fn session<H: DeliveryHandler>(
         }
         Err(e) => Err(e),
     };
-    let _ = conn.close(200, "redeliver worker stopping".into()).await;
+    // Bounded: a broker that does not answer must not hold the stop.
+    let close = conn.close(200, "redeliver worker stopping".into());
+    let _ = tokio::time::timeout(Duration::from_secs(5), close).await;
     result
 }

@@ -178,10 +178,11 @@ impl<H: DeliveryHandler> Session<H> {
         self.ctx.settings.health.set_consuming(false);
         self.helpers.cancel();
         let tag = self.consumer.tag();
-        let _ = self
+        // Bounded: a broker that does not answer must not hold the stop.
+        let cancel = self
             .channel
-            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-            .await;
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+        let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
         let tracker = &self.tracker;
         tracker.close();
         if grace.is_zero() && !tracker.is_empty() {
