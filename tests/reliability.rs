@@ -195,26 +195,66 @@ async fn late_node_up(port: u16) -> String {
     up.await.unwrap()
 }
 
-/// One notification failing once under a worker with `settle`, and a
-/// broker kill -9 inside the plugin's confirm window of its retry copy:
-/// whether it was delivered after all.
+/// Notifications of the settle crash test. With a prefetch one above the
+/// concurrency, each held original makes the worker replace its consumer,
+/// so the crash finds most of them held on retired consumers' channels.
+const SETTLE_N: usize = 8;
+
+/// [`SETTLE_N`] notifications failing once under a worker with `settle`,
+/// and a broker kill -9 inside the plugin's confirm window of their retry
+/// copies: whether every one was delivered after all.
 async fn delivered_after_a_crash(app: &TestApp, port: u16, settle: Duration) -> bool {
     let rx = Receiver::start(|r| Reply::status(if r.nth == 1 { 500 } else { 200 })).await;
     app.publish(&[] as &[String]).await;
     let_quorum_queues_age().await;
     let mut settings = schedule_settings("1s", 3, 4);
     settings.retry_settle = settle;
+    settings.prefetch = Some(5);
     let w = app.spawn_worker(settings);
-    app.publish(&[json!({"url": rx.url("/"), "id": "settle"})])
-        .await;
-    assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
-    // A deliberate moment, not a wait for something: the retry copy is
-    // confirmed within milliseconds of the 500 and reaches the disk 3 s
+    let notes: Vec<_> = (0..SETTLE_N)
+        .map(|i| json!({"url": rx.url("/"), "id": format!("settle-{i}")}))
+        .collect();
+    app.publish(&notes).await;
+    assert!(wait_until(Duration::from_secs(10), || rx.count() == SETTLE_N).await);
+    // A deliberate moment, not a wait for something: the retry copies are
+    // confirmed within milliseconds of the 500s and reach the disk 3 s
     // later, and nothing observable marks the moment in between.
     tokio::time::sleep(Duration::from_millis(300)).await;
     node(port, &["kill"]).await;
     late_node_up(port).await;
-    let delivered = wait_until(Duration::from_secs(25), || rx.count() >= 2).await;
+    let all_twice =
+        || rx.count_by_id().values().all(|&n| n >= 2) && rx.count_by_id().len() == SETTLE_N;
+    let delivered = wait_until(Duration::from_secs(25), all_twice).await;
+    println!("requests by id: {:?}", rx.count_by_id());
     w.stop().await;
     delivered
+}
+
+/// Originals held for `--retry-settle` leave the prefetch to deliveries
+/// waiting for an attempt: with room for one held original and a 60 s
+/// settle, 40 notifications that each fail once are all retried and
+/// delivered well within the settle, not one prefetch's worth a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settling_originals_do_not_take_the_prefetch() {
+    const N: usize = 40;
+    let app = TestApp::new("rotate", PLUGIN);
+    let rx = Receiver::start(|r| Reply::status(if r.nth == 1 { 500 } else { 200 })).await;
+    let mut settings = schedule_settings("1ms", 3, 2);
+    settings.retry_settle = Duration::from_secs(60);
+    // Two slots and one place for a held original: the old limit would
+    // stall after the first retry.
+    settings.prefetch = Some(3);
+    settings.shutdown_grace = Duration::from_millis(200);
+    let w = app.spawn_worker(settings);
+    let notes: Vec<_> = (0..N)
+        .map(|i| json!({"url": rx.url("/"), "id": format!("r-{i}")}))
+        .collect();
+    app.publish(&notes).await;
+    let done = || {
+        let by_id = rx.count_by_id();
+        by_id.len() == N && by_id.values().all(|&n| n >= 2)
+    };
+    let delivered = wait_until(Duration::from_secs(20), done).await;
+    w.stop().await;
+    assert!(delivered, "requests by id: {:?}", rx.count_by_id());
 }

@@ -93,6 +93,8 @@ pub const CONFIRMS_PENDING: &str = "redeliver_republish_confirms_pending";
 pub const RECONNECTS: &str = "redeliver_reconnects_total";
 pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
 pub const HELD: &str = "redeliver_held";
+pub const SETTLING: &str = "redeliver_settling";
+pub const ROTATIONS: &str = "redeliver_consumer_rotations_total";
 pub const ENDPOINT_IN_FLIGHT: &str = "redeliver_endpoint_in_flight";
 pub const ENDPOINT_ATTEMPTS: &str = "redeliver_endpoint_attempts_total";
 pub const ENDPOINT_PARKED: &str = "redeliver_endpoint_parked";
@@ -137,6 +139,14 @@ pub fn describe_metrics() {
     describe_gauge!(
         HELD,
         "Short delays this worker holds until due (--delay-backend cascade)"
+    );
+    describe_gauge!(
+        SETTLING,
+        "Retried originals kept unacked for --retry-settle after their copy was confirmed"
+    );
+    describe_counter!(
+        ROTATIONS,
+        "Work-queue consumers replaced so that settling originals leave the prefetch free"
     );
     describe_endpoint_metrics();
 }

@@ -4,6 +4,7 @@
 mod context;
 mod copy;
 mod error;
+mod feed;
 pub(crate) mod process;
 mod session;
 
@@ -140,6 +141,8 @@ async fn session<H: DeliveryHandler>(
             url: broker.url.redacted(),
             source,
         })?;
+    // Shared with the feed, which opens a channel for each new consumer.
+    let conn = Arc::new(conn);
     let result = match Session::open(&conn, &node, broker, settings, handler, shared).await {
         Ok(mut session) => {
             let result = session.pump(shutdown).await;

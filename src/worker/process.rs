@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
+use super::feed::Lease;
 use crate::amqp::requeue;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
@@ -76,11 +77,13 @@ const SLOT_NUDGE: Duration = Duration::from_millis(20);
 
 type SlotPermit = (OwnedSemaphorePermit, GaugeGuard);
 
-/// Processes one delivery, from decoding to its ack (or requeue). `pulled`
-/// is when the worker took it off the consumer, for the overhead trace.
+/// Processes one delivery, from decoding to its ack (or requeue). `lease`
+/// keeps the channel it arrived on open until then; `pulled` is when the
+/// worker took it off the consumer, for the overhead trace.
 pub async fn process<H: DeliveryHandler>(
     ctx: Arc<Context<H>>,
     d: Delivery,
+    lease: Lease,
     pulled: Instant,
     mut slot: Slot,
 ) {
@@ -96,7 +99,7 @@ pub async fn process<H: DeliveryHandler>(
         _ = ctx.hard_stop.cancelled() => None,
     };
     drop(slot);
-    settle(&ctx, acker_of(d), done, pulled).await;
+    settle(&ctx, acker_of(d), &lease, done, pulled).await;
 }
 
 /// Only the acker outlives the delivery: a retried original held for
@@ -110,12 +113,13 @@ fn acker_of(d: Delivery) -> Acker {
 async fn settle<H>(
     ctx: &Context<H>,
     acker: Acker,
+    lease: &Lease,
     done: Option<Result<Done, PublishError>>,
     pulled: Instant,
 ) {
     let result = match done {
         Some(Ok(Done::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return hold_then_ack(ctx, acker).await;
+            return hold_then_ack(ctx, acker, lease).await;
         }
         Some(Ok(Done::Ack(span))) => {
             let acked = acker.ack(BasicAckOptions::default()).await;
@@ -149,8 +153,10 @@ async fn settle<H>(
 /// Keeps a retried original unacked for `--retry-settle` after its copy was
 /// confirmed: the upstream delayed-message plugin confirms before its disk
 /// write, and a broker crash in that window would lose the copy. Until the
-/// ack, the broker would redeliver the original instead.
-async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker) {
+/// ack, the broker would redeliver the original instead. Counted as held
+/// on its consumer, which the feed replaces when too many are.
+async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker, lease: &Lease) {
+    let _held = lease.hold();
     let result = tokio::select! {
         _ = tokio::time::sleep(ctx.settings.retry_settle) => acker.ack(BasicAckOptions::default()).await,
         // Shutting down before the settle is over: requeue (a duplicate at worst).

@@ -5,10 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, Consumer};
+use lapin::Connection;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,6 +13,7 @@ use tracing::{info, warn};
 
 use super::context::Context;
 use super::error::WorkerError;
+use super::feed::Feed;
 use super::process::{process, Slot};
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
 use crate::delay::hold::Holder;
@@ -55,8 +53,7 @@ pub const DEFAULT_PREFETCH_ROOM: usize = 1024;
 /// One connection's consumer and the tasks of its deliveries.
 pub(super) struct Session<H> {
     ctx: Arc<Context<H>>,
-    channel: Channel,
-    consumer: Consumer,
+    feed: Feed,
     /// The deliveries' (and held short delays') tasks.
     tracker: TaskTracker,
     /// Stops this session's helpers: the holder's consumer, the
@@ -73,7 +70,7 @@ impl<H: DeliveryHandler> Session<H> {
     /// redacted), opens the publisher and the consumer (prefetch
     /// set first, so it applies to it) and starts the helpers.
     pub(super) async fn open(
-        conn: &Connection,
+        conn: &Arc<Connection>,
         node: &str,
         broker: &BrokerSettings,
         settings: &WorkerSettings,
@@ -89,7 +86,10 @@ impl<H: DeliveryHandler> Session<H> {
             settings.confirm_timeout,
         )
         .await?;
-        let (channel, consumer) = consume(conn, &topology, settings).await?;
+        // The consumer comes after the publisher: nothing is pulled
+        // before its copies could be made.
+        let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
+        let feed = Feed::open(conn, &topology.work, prefetch, settings.concurrency).await?;
         let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
         let hard_stop = CancellationToken::new();
         let hold_failed = match broker.delay {
@@ -117,8 +117,7 @@ impl<H: DeliveryHandler> Session<H> {
         });
         Ok(Session {
             ctx,
-            channel,
-            consumer,
+            feed,
             tracker,
             helpers,
             lost,
@@ -133,6 +132,7 @@ impl<H: DeliveryHandler> Session<H> {
     /// back and wait in its place.
     pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> Result<(), WorkerError> {
         let slots = self.ctx.slots.clone();
+        let rotation_wanted = self.feed.rotation_wanted();
         loop {
             let (place, permit) = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -156,14 +156,19 @@ impl<H: DeliveryHandler> Session<H> {
                 // A parked delivery needs a slot and all are taken: give
                 // this idle one back (it is first in line) and take another.
                 _ = self.ctx.slot_wanted.notified() => continue,
-                d = self.consumer.next() => d,
+                // Settling originals fill the consumer's prefetch: replace it.
+                _ = rotation_wanted.notified() => {
+                    self.feed.rotate().await?;
+                    continue;
+                }
+                d = self.feed.next() => d,
             };
             match delivery {
-                Some(Ok(d)) => {
+                Some(Ok((d, lease))) => {
                     let (ctx, pulled) = (self.ctx.clone(), Instant::now());
                     let slot = Slot::new(permit, place);
                     self.tracker
-                        .spawn(async move { process(ctx, d, pulled, slot).await });
+                        .spawn(async move { process(ctx, d, lease, pulled, slot).await });
                 }
                 Some(Err(e)) => return Err(e.into()),
                 None => return Err(WorkerError::ConsumerCancelled),
@@ -177,11 +182,8 @@ impl<H: DeliveryHandler> Session<H> {
         // Draining or reconnecting: not ready for traffic.
         self.ctx.settings.health.set_consuming(false);
         self.helpers.cancel();
-        let tag = self.consumer.tag();
         // Bounded: a broker that does not answer must not hold the stop.
-        let cancel = self
-            .channel
-            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+        let cancel = self.feed.cancel_current();
         let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
         let tracker = &self.tracker;
         tracker.close();
@@ -202,34 +204,6 @@ impl<H: DeliveryHandler> Session<H> {
         // Nacks are quick; a dead connection makes them fail at once.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
-}
-
-/// The work queue's consumer, on a channel whose prefetch is set first:
-/// concurrency + room for deliveries past their HTTP attempt (see
-/// [`prefetch`]), so the broker never hands this process more than that.
-async fn consume(
-    conn: &Connection,
-    topology: &Topology,
-    settings: &WorkerSettings,
-) -> Result<(Channel, Consumer), lapin::Error> {
-    let channel = conn.create_channel().await?;
-    let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
-    // basic.qos before basic.consume: a per-consumer prefetch applies to
-    // consumers started after it.
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await?;
-    let consumer = channel
-        .basic_consume(
-            topology.work.as_str().into(),
-            // An empty tag: the broker names the consumer.
-            "".into(),
-            // Manual acks (no_ack: false), not exclusive: workers compete.
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    Ok((channel, consumer))
 }
 
 /// Starts the dead-letter gauge and the connection watch (until

@@ -141,6 +141,11 @@ impl Receiver {
     pub fn count(&self) -> usize {
         self.shared.requests.lock().unwrap().len()
     }
+    /// Requests seen per webhook-id.
+    #[allow(dead_code)]
+    pub fn count_by_id(&self) -> std::collections::HashMap<String, usize> {
+        self.shared.per_id.lock().unwrap().clone()
+    }
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::SeqCst)
     }

@@ -1,0 +1,241 @@
+//! The work queue's consumers. A retried original is kept unacked for
+//! `--retry-settle` after its copy was confirmed (see `process.rs`), and
+//! an unacked delivery counts against its consumer's prefetch. Held
+//! originals would therefore crowd out the deliveries waiting to be
+//! attempted, and cap the retry rate near prefetch room ÷ settle.
+//!
+//! So the feed *rotates*: once the current consumer holds half its room in
+//! settling originals, it opens a fresh channel and consumer (a fresh
+//! prefetch) and cancels the old consumer. The old channel stays open, so
+//! its held originals are still acked on the channel they arrived on, and
+//! is closed once its last delivery is settled. Closing it also returns to
+//! the queue anything the broker sent after the cancel-ok, which lapin
+//! drops for an unknown consumer tag: nothing is stranded.
+//!
+//! Memory stays bounded: a held original keeps only its acker, a retired
+//! consumer receives nothing after its cancel, and at most [`MAX_LIVE`]
+//! consumers (hence prefetches) are alive at once. Past that the feed
+//! stops rotating, and the settle takes prefetch room as before.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use std::pin::Pin;
+
+use futures_util::stream::{self, SelectAll, Stream, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use tokio::sync::Notify;
+use tracing::debug;
+
+use crate::telemetry::{self, GaugeGuard};
+
+/// Consumers alive at once, the current one included. Each retired one
+/// lives about `--retry-settle` (plus its slowest delivery), so 64 allows
+/// a rotation every ~30 ms with the 2 s default.
+const MAX_LIVE: usize = 64;
+
+/// One consumer, on a channel of its own, and its settling originals.
+pub(super) struct Generation {
+    channel: Channel,
+    tag: String,
+    /// Originals of this consumer held for the settle right now.
+    held: AtomicUsize,
+    /// Set when a newer consumer took over.
+    retired: AtomicBool,
+    /// Held originals at which the feed rotates.
+    threshold: usize,
+    /// Wakes the pump to rotate.
+    rotate: Arc<Notify>,
+    /// Alive generations of the session (this one included).
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for Generation {
+    /// The last delivery of this consumer is settled (and the feed let go
+    /// of it): close its channel, which returns anything unacked on it.
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        let channel = self.channel.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = channel.close(200, "consumer retired".into()).await;
+            });
+        }
+    }
+}
+
+/// A delivery's hold on its consumer's channel: it stays open while any
+/// delivery that arrived on it is unsettled.
+#[derive(Clone)]
+pub struct Lease(Arc<Generation>);
+
+impl Lease {
+    /// Counts a retried original as held for the settle until the returned
+    /// guard drops, and asks for a rotation when the current consumer holds
+    /// too many.
+    pub fn hold(&self) -> Held {
+        let g = &self.0;
+        let held = g.held.fetch_add(1, Ordering::Relaxed) + 1;
+        if held >= g.threshold && !g.retired.load(Ordering::Relaxed) {
+            g.rotate.notify_one();
+        }
+        Held(self.0.clone(), GaugeGuard::new(telemetry::SETTLING))
+    }
+}
+
+/// See [`Lease::hold`].
+pub struct Held(Arc<Generation>, #[allow(dead_code)] GaugeGuard);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type Tagged = (Arc<Generation>, Option<Result<Delivery, lapin::Error>>);
+
+/// One consumer's deliveries, then its end. `Sync` too: the pump holds the
+/// feed across awaits in a task that may move between threads.
+type Deliveries = Pin<Box<dyn Stream<Item = Tagged> + Send + Sync>>;
+
+/// What a new consumer is made of.
+struct Subscriber {
+    conn: Arc<Connection>,
+    queue: String,
+    prefetch: u16,
+    threshold: usize,
+    rotate: Arc<Notify>,
+    live: Arc<AtomicUsize>,
+}
+
+/// The current consumer and the retired ones still delivering what they
+/// received before their cancel.
+pub(super) struct Feed {
+    subscriber: Subscriber,
+    current: Arc<Generation>,
+    streams: SelectAll<Deliveries>,
+}
+
+impl Feed {
+    /// The first consumer on `queue`, with `prefetch`; it rotates past half
+    /// the room beyond `concurrency`.
+    pub(super) async fn open(
+        conn: &Arc<Connection>,
+        queue: &str,
+        prefetch: u16,
+        concurrency: usize,
+    ) -> Result<Feed, lapin::Error> {
+        let room = usize::from(prefetch).saturating_sub(concurrency);
+        let subscriber = Subscriber {
+            conn: conn.clone(),
+            queue: queue.to_string(),
+            prefetch,
+            threshold: (room / 2).max(1),
+            rotate: Arc::new(Notify::new()),
+            live: Arc::new(AtomicUsize::new(0)),
+        };
+        let (current, deliveries) = subscriber.subscribe().await?;
+        let mut streams = SelectAll::new();
+        streams.push(deliveries);
+        Ok(Feed {
+            subscriber,
+            current,
+            streams,
+        })
+    }
+
+    /// The next delivery of any live consumer, with its lease; `None` when
+    /// the broker cancelled the current consumer (its queue is gone).
+    pub(super) async fn next(&mut self) -> Option<Result<(Delivery, Lease), lapin::Error>> {
+        while let Some((generation, item)) = self.streams.next().await {
+            match item {
+                Some(Ok(d)) => return Some(Ok((d, Lease(generation)))),
+                Some(Err(e)) => return Some(Err(e)),
+                // A retired consumer's cancel-ok: its stream is over.
+                None if generation.retired.load(Ordering::Relaxed) => continue,
+                None => return None,
+            }
+        }
+        None
+    }
+
+    /// Notified when the current consumer holds enough settling originals
+    /// to be worth replacing: then call [`Feed::rotate`].
+    pub(super) fn rotation_wanted(&self) -> Arc<Notify> {
+        self.subscriber.rotate.clone()
+    }
+
+    /// Replaces the current consumer with a fresh one (a fresh prefetch),
+    /// then cancels the old one. Does nothing when it no longer holds
+    /// enough, or too many consumers are alive.
+    pub(super) async fn rotate(&mut self) -> Result<(), lapin::Error> {
+        let held = self.current.held.load(Ordering::Relaxed);
+        let live = self.subscriber.live.load(Ordering::Relaxed);
+        if held < self.subscriber.threshold || live >= MAX_LIVE {
+            return Ok(());
+        }
+        let (fresh, deliveries) = self.subscriber.subscribe().await?;
+        self.streams.push(deliveries);
+        let old = std::mem::replace(&mut self.current, fresh);
+        old.retired.store(true, Ordering::Relaxed);
+        debug!(held, tag = %old.tag, "consumer rotated: its settling originals no longer take prefetch room");
+        metrics::counter!(telemetry::ROTATIONS).increment(1);
+        cancel(&old).await
+    }
+
+    /// Cancels the current consumer (shutdown): deliveries it already sent
+    /// still come out of [`Feed::next`].
+    pub(super) async fn cancel_current(&self) -> Result<(), lapin::Error> {
+        self.current.retired.store(true, Ordering::Relaxed);
+        cancel(&self.current).await
+    }
+}
+
+impl Subscriber {
+    /// A new channel, its prefetch, and a consumer on the work queue, with
+    /// its deliveries as a stream that also reports its end.
+    async fn subscribe(&self) -> Result<(Arc<Generation>, Deliveries), lapin::Error> {
+        let channel = self.conn.create_channel().await?;
+        // basic.qos before basic.consume: a per-consumer prefetch
+        // (global=false) applies to consumers started after it.
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                // An empty tag: the broker names the consumer.
+                "".into(),
+                // Manual acks (no_ack: false), not exclusive: workers compete.
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let generation = Arc::new(Generation {
+            channel,
+            tag: consumer.tag().to_string(),
+            held: AtomicUsize::new(0),
+            retired: AtomicBool::new(false),
+            threshold: self.threshold,
+            rotate: self.rotate.clone(),
+            live: self.live.clone(),
+        });
+        let g = generation.clone();
+        let deliveries = consumer.map(move |d| (g.clone(), Some(d)));
+        // The end is reported too, so that the broker cancelling the
+        // current consumer is told apart from our own cancel.
+        let g = generation.clone();
+        let end = stream::once(async move { (g, None) });
+        Ok((generation, Box::pin(deliveries.chain(end))))
+    }
+}
+
+async fn cancel(g: &Generation) -> Result<(), lapin::Error> {
+    g.channel
+        .basic_cancel(g.tag.as_str().into(), BasicCancelOptions::default())
+        .await
+}
