@@ -1,6 +1,7 @@
 //! `redeliver bench`: throughput, latency, delay accuracy, memory and
 //! scaling of the real worker (`redeliver run` processes), next to the
-//! ceilings of the broker and of the HTTP path measured in the same run.
+//! ceilings of the broker and of the HTTP path measured in the same run,
+//! and of an ideal worker and retry loop (`ideal.rs`).
 //!
 //! Each phase works under a fresh prefix and deletes it afterwards. The
 //! embedded sink (`sink.rs`) is the receiver; `load.rs` puts messages on the
@@ -8,6 +9,7 @@
 //! the phases; `report.rs` prints the table and the JSON.
 
 mod cluster;
+mod ideal;
 mod load;
 mod noisy;
 mod options;

@@ -9,7 +9,7 @@ pub(crate) mod process;
 mod session;
 
 pub use error::WorkerError;
-pub use session::{prefetch, DEFAULT_PREFETCH_ROOM};
+pub use session::{prefetch, DEFAULT_PREFETCH_ROOM, PUBLISH_CHANNELS};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -45,7 +45,7 @@ pub(super) struct Shared {
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).
-const PUBLISH_CHANNELS: usize = 8;
+pub const PUBLISH_CHANNELS: usize = 8;
 
 /// See [`prefetch`].
 pub const DEFAULT_PREFETCH_ROOM: usize = 1024;
