@@ -70,6 +70,15 @@ impl Spawner {
                 .env("REDELIVER_LOG_FORMAT", "pretty")
                 .env("NO_COLOR", "1")
                 .stderr(Stdio::piped());
+        } else if let Some(log) = std::env::var_os("REDELIVER_BENCH_WORKER_LOG") {
+            // For a reader chasing an odd figure: the workers' logs,
+            // appended to this file.
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .with_context(|| format!("cannot open {}", log.to_string_lossy()))?;
+            cmd.stderr(file);
         } else {
             // The worker's default logging, as in production, but not on
             // this terminal.

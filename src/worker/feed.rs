@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::pin::Pin;
 
@@ -51,21 +52,37 @@ pub(super) struct Generation {
     rotate: Arc<Notify>,
     /// Alive generations of the session (this one included).
     live: Arc<AtomicUsize>,
+    /// Set when the session ends.
+    ending: Arc<AtomicBool>,
 }
 
 impl Drop for Generation {
-    /// The last delivery of this consumer is settled (and the feed let go
-    /// of it): close its channel, which returns anything unacked on it.
+    /// The last delivery of this consumer is settled and its cancel-ok
+    /// came: close its channel, which returns anything unacked on it.
+    /// Not at once: lapin treats a frame that reaches a closing channel as
+    /// a connection error, and a delivery the broker sent right after the
+    /// cancel-ok may still be on its way. Not at all once the session
+    /// ends: closing the connection closes every channel.
     fn drop(&mut self) {
         self.live.fetch_sub(1, Ordering::Relaxed);
-        let channel = self.channel.clone();
+        if self.ending.load(Ordering::Relaxed) {
+            return;
+        }
+        let (channel, ending) = (self.channel.clone(), self.ending.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = channel.close(200, "consumer retired".into()).await;
+                tokio::time::sleep(CLOSE_AFTER).await;
+                if !ending.load(Ordering::Relaxed) {
+                    let _ = channel.close(200, "consumer retired".into()).await;
+                }
             });
         }
     }
 }
+
+/// How long a retired consumer's channel stays open after its last
+/// delivery was settled (see [`Generation`]'s `Drop`).
+const CLOSE_AFTER: Duration = Duration::from_secs(1);
 
 /// A delivery's hold on its consumer's channel: it stays open while any
 /// delivery that arrived on it is unsettled.
@@ -109,6 +126,7 @@ struct Subscriber {
     threshold: usize,
     rotate: Arc<Notify>,
     live: Arc<AtomicUsize>,
+    ending: Arc<AtomicBool>,
 }
 
 /// The current consumer and the retired ones still delivering what they
@@ -136,6 +154,7 @@ impl Feed {
             threshold: (room / 2).max(1),
             rotate: Arc::new(Notify::new()),
             live: Arc::new(AtomicUsize::new(0)),
+            ending: Arc::new(AtomicBool::new(false)),
         };
         let (current, deliveries) = subscriber.subscribe().await?;
         let mut streams = SelectAll::new();
@@ -189,6 +208,7 @@ impl Feed {
     /// Cancels the current consumer (shutdown): deliveries it already sent
     /// still come out of [`Feed::next`].
     pub(super) async fn cancel_current(&self) -> Result<(), lapin::Error> {
+        self.subscriber.ending.store(true, Ordering::Relaxed);
         self.current.retired.store(true, Ordering::Relaxed);
         cancel(&self.current).await
     }
@@ -223,6 +243,7 @@ impl Subscriber {
             threshold: self.threshold,
             rotate: self.rotate.clone(),
             live: self.live.clone(),
+            ending: self.ending.clone(),
         });
         let g = generation.clone();
         let deliveries = consumer.map(move |d| (g.clone(), Some(d)));
