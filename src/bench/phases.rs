@@ -292,7 +292,10 @@ impl Bench {
     async fn end_to_end(&mut self) -> anyhow::Result<()> {
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
         self.sink.reset(Mode::default());
-        let args = Self::concurrency_args(c);
+        // One receiver gets all of the concurrency, as in the ideal worker:
+        // this measures the worker, not the per-endpoint cap (a quarter of
+        // it by default), which exists for many receivers.
+        let args = Self::whole_concurrency_args(c);
         let (usage, seen) = self.preload_and_drain("e2e", n, 1, &args).await?;
         let rate = seen.rate();
         let p = Phase::E2e;
