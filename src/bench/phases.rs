@@ -345,11 +345,14 @@ impl Bench {
         let ideal = self.ideal_retry(n).await?;
         let plugin = self.opts.broker.delay == crate::config::DelayBackend::Plugin;
         // Explicit: 2 s is the plugin backend's default, not the cascade's.
-        let settled = self.retry_run(n, Some("2s")).await?;
+        let (settled, rss) = self.retry_run(n, Some("2s")).await?;
         let name = "successes, --retry-settle 2s (the plugin's default)";
         self.push(p, name, Some(settled), "msg/s");
+        // Held originals keep only their ackers: memory stays flat.
+        let rss = Some(rss).filter(|r| r.is_finite());
+        self.push(p, "worker peak RSS, settle 2s", rss, "MiB");
         self.retry_ratios("settle 2s", settled, ideal, plugin);
-        let off = self.retry_run(n, Some("0s")).await?;
+        let (off, _) = self.retry_run(n, Some("0s")).await?;
         self.push(p, "successes, --retry-settle 0s", Some(off), "msg/s");
         self.retry_ratios("settle 0s", off, ideal, !plugin);
         // What the settle costs in rate: held originals must not take the
@@ -378,13 +381,13 @@ impl Bench {
 
     /// `n` notifications that each fail once (a 1 ms schedule), then
     /// succeed; returns successes per second from the first attempt.
-    async fn retry_run(&mut self, n: usize, settle: Option<&str>) -> anyhow::Result<f64> {
+    async fn retry_run(&mut self, n: usize, settle: Option<&str>) -> anyhow::Result<(f64, f64)> {
         let c = self.sizes.concurrency;
         self.sink.reset(Mode {
             fail_first: true,
             ..Mode::default()
         });
-        let mut args = Self::concurrency_args(c);
+        let mut args = Self::whole_concurrency_args(c);
         args.extend(["--schedule".to_string(), "1ms".to_string()]);
         // Every first attempt fails by design: this measures the retry
         // path, not an endpoint's breaker (which would open on it).
@@ -392,12 +395,13 @@ impl Bench {
         if let Some(s) = settle {
             args.extend(["--retry-settle".to_string(), s.to_string()]);
         }
-        let (_, seen) = self.preload_and_drain("retry", n, 1, &args).await?;
+        let (usage, seen) = self.preload_and_drain("retry", n, 1, &args).await?;
         anyhow::ensure!(
             seen.failed == n as u64,
             "the sink failed {} first attempts, not {n}",
             seen.failed
         );
-        Ok(seen.rate())
+        let rss = usage.first().map_or(f64::NAN, |u| u.peak_rss_mib);
+        Ok((seen.rate(), rss))
     }
 }

@@ -142,7 +142,7 @@ impl Bench {
         let post = format!("{label}worker: response → ack sent");
         self.push_spread(p, &post, &mut us(|t| t.1), "ms");
         let both = format!("{label}worker added (both)");
-        let target: Option<Target> = target.then_some(("≤ 2", |v| v <= 2.0));
+        let target: Option<Target> = target.then_some(("≤ 1", |v| v <= 1.0));
         self.push_spread_target(p, &both, &mut us(|t| t.0 + t.1), "ms", target);
     }
 

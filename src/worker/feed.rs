@@ -13,9 +13,11 @@
 //! drops for an unknown consumer tag: nothing is stranded.
 //!
 //! Memory stays bounded: a held original keeps only its acker, a retired
-//! consumer receives nothing after its cancel, and at most [`MAX_LIVE`]
-//! consumers (hence prefetches) are alive at once. Past that the feed
-//! stops rotating, and the settle takes prefetch room as before.
+//! consumer receives nothing after its cancel-ok, the feed rotates again
+//! only once the last retired consumer handed out everything it received
+//! (so at most two prefetches of bodies are in memory), and at most
+//! [`MAX_LIVE`] consumers are alive at once. Past that the feed stops
+//! rotating, and the settle takes prefetch room as before.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -189,11 +191,14 @@ impl Feed {
 
     /// Replaces the current consumer with a fresh one (a fresh prefetch),
     /// then cancels the old one. Does nothing when it no longer holds
-    /// enough, or too many consumers are alive.
+    /// enough, when too many consumers are alive, or while a retired
+    /// consumer still has deliveries to hand out: so at most two
+    /// prefetches' worth of bodies are ever in memory.
     pub(super) async fn rotate(&mut self) -> Result<(), lapin::Error> {
         let held = self.current.held.load(Ordering::Relaxed);
         let live = self.subscriber.live.load(Ordering::Relaxed);
-        if held < self.subscriber.threshold || live >= MAX_LIVE {
+        let draining = self.streams.len() > 1;
+        if held < self.subscriber.threshold || live >= MAX_LIVE || draining {
             return Ok(());
         }
         let (fresh, deliveries) = self.subscriber.subscribe().await?;
