@@ -20,10 +20,10 @@ async fn main() {
         Err(e) => e.exit(),
     };
     let format = cli.global.log_format.unwrap_or_else(LogFormat::detect);
-    match cli.command {
+    let logs = match cli.command {
         Command::Demo => telemetry::init_with_default(format, "warn,lapin=off"),
         _ => telemetry::init(format),
-    }
+    };
     // Only `run` and `demo` stop gracefully; every other command keeps the
     // default: one SIGINT or SIGTERM ends it.
     let shutdown = match cli.command {
@@ -39,6 +39,8 @@ async fn main() {
         if errors::is_broken_pipe(&e) {
             return;
         }
+        // Flush the log lines before the error line and the exit.
+        drop(logs);
         let line = errors::error_line(&e);
         eprintln!("error: {line}");
         if let Some(hint) = errors::hint(&line) {

@@ -228,7 +228,10 @@ async fn admin_endpoint_metrics_and_json_logs() {
     let mut metrics = String::new();
     wait_until_async(Duration::from_secs(5), async || {
         metrics = get(&format!("{admin}/metrics")).await.1;
+        // The attempt is counted before its dead letter's confirm comes.
         metrics.contains(r#"reason="permanent-status"} 1"#)
+            && metrics.contains("redeliver_republish_confirms_pending 0")
+            && metrics.contains("redeliver_in_flight 0")
     })
     .await;
     for needle in [

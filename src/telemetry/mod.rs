@@ -43,13 +43,21 @@ impl LogFormat {
     }
 }
 
-pub fn init(format: LogFormat) {
+/// Keeps the log writer's thread alive; dropping it flushes what is left.
+/// Hold it until the process ends.
+pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
+
+/// Logs to stderr from a thread of their own: a delivery never waits for a
+/// write to a slow pipe or log collector (one line per attempt), and lines
+/// reach stderr in batches. Lines queue up to 128,000 deep; past that the
+/// worker waits rather than drop one.
+pub fn init(format: LogFormat) -> LogGuard {
     init_with_default(format, "info,lapin=off")
 }
 
 /// Like [`init`], with another default filter (the demo prints its own
 /// progress, so it only wants warnings).
-pub fn init_with_default(format: LogFormat, default: &str) {
+pub fn init_with_default(format: LogFormat, default: &str) -> LogGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // lapin's I/O loop traces raw frames, the login's credentials included;
     // no RUST_LOG setting may turn that on.
@@ -57,9 +65,12 @@ pub fn init_with_default(format: LogFormat, default: &str) {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let _ = match format {
         LogFormat::Pretty => builder
             .with_ansi(std::io::stderr().is_terminal())
@@ -67,6 +78,7 @@ pub fn init_with_default(format: LogFormat, default: &str) {
         // Fields at the top level, where collectors look for them.
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+    LogGuard(guard)
 }
 
 /// Whether the worker is connected and consuming: `/readyz`. It is not
