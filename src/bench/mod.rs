@@ -6,9 +6,11 @@
 //! Each phase works under a fresh prefix and deletes it afterwards. The
 //! embedded sink (`sink.rs`) is the receiver; `load.rs` puts messages on the
 //! broker; `procs.rs` runs and measures worker processes; `phases.rs` holds
-//! the phases; `report.rs` prints the table and the JSON.
+//! the phases; `report.rs` prints the table and the JSON. `crash.rs`
+//! counts the duplicates a worker kill or a broker restart causes.
 
 mod cluster;
+mod crash;
 mod ideal;
 mod load;
 mod noisy;

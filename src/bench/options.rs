@@ -32,10 +32,14 @@ pub enum Phase {
     /// 10. Cluster: end to end on a three-node cluster, a worker on each
     ///     node, next to three workers on the single node.
     Cluster,
+    /// 11. Crashes: duplicate deliveries when a worker is killed with -9
+    ///     or the broker restarts during the retry path, with and without
+    ///     the retry settle.
+    Crash,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 11] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -46,6 +50,7 @@ impl Phase {
         Phase::Horizontal,
         Phase::Noisy,
         Phase::Cluster,
+        Phase::Crash,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +65,7 @@ impl Phase {
             Phase::Horizontal => "8 horizontal",
             Phase::Noisy => "9 noisy neighbour",
             Phase::Cluster => "10 cluster",
+            Phase::Crash => "11 crash",
         }
     }
 }
@@ -83,7 +89,8 @@ pub struct BenchOptions {
     /// again; no figure where there is none).
     pub cluster_url: Option<crate::config::AmqpUrl>,
     /// The broker node's OS process, when it runs on this machine (the
-    /// local test node), for its CPU per delivery.
+    /// local test node), for its CPU per delivery; the crash phase
+    /// restarts the broker only then.
     pub broker_pid: Option<u32>,
 }
 
@@ -107,6 +114,9 @@ pub struct Sizes {
     pub horizontal_latency: Duration,
     /// Healthy notifications of each noisy-neighbour run.
     pub noisy_n: usize,
+    /// Notifications of each crash run: enough for the retry traffic to be
+    /// flowing when the crash comes, few enough for a run of seconds.
+    pub crash_n: usize,
 }
 
 impl Sizes {
@@ -129,6 +139,7 @@ impl Sizes {
             horizontal_concurrency: 8,
             horizontal_latency: Duration::from_millis(20),
             noisy_n: if q { 500 } else { n },
+            crash_n: (n / 2).clamp(1, if q { 300 } else { 5_000 }),
         }
     }
 }

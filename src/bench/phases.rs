@@ -69,6 +69,7 @@ impl Bench {
             Phase::Horizontal => self.horizontal().await,
             Phase::Noisy => self.noisy_neighbour().await,
             Phase::Cluster => self.cluster().await,
+            Phase::Crash => self.crash().await,
         }
     }
 

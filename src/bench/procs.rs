@@ -155,6 +155,17 @@ impl WorkerProc {
         })
     }
 
+    /// SIGKILL, as a crash: no graceful stop, no ack or nack of what it
+    /// held, so the broker redelivers its unacked messages. Waits for it.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill().await.context("kill -9 of a worker")
+    }
+
+    /// The exit status once the process ended on its own (`None` while it runs).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGTERM (a graceful stop), then waits; returns the timings collected.
     pub async fn stop(mut self) -> anyhow::Result<Vec<(u64, u64)>> {
         if let Some(pid) = self.pid() {

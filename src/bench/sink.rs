@@ -2,6 +2,7 @@
 //! can fail every first attempt or add latency, and can measure how late a
 //! notification arrived from timestamps the benchmark put in its body.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,18 @@ pub struct Mode {
     pub latency: Duration,
     /// Record `now - t` (or `now - due`) from the body, in microseconds.
     pub measure: bool,
+    /// Count requests per notification (the `webhook-id` header), for the
+    /// crash phase's duplicates; off elsewhere, as it takes a lock.
+    pub per_id: bool,
+}
+
+/// Requests one notification received, when the sink counts per id.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PerId {
+    /// Attempt-1 requests (answered 500 under `fail_first`).
+    pub first: u32,
+    /// Requests answered 200.
+    pub ok: u32,
 }
 
 #[derive(Default)]
@@ -28,6 +41,7 @@ struct Shared {
     fail_first: AtomicBool,
     latency_us: AtomicU64,
     measure: AtomicBool,
+    per_id: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
     /// Microseconds since the epoch of the first request (any answer) and
@@ -35,6 +49,9 @@ struct Shared {
     first_us: AtomicU64,
     last_us: AtomicU64,
     samples: Mutex<Vec<i64>>,
+    ids: Mutex<HashMap<String, PerId>>,
+    /// Distinct ids answered 200 at least once (with `per_id`).
+    ids_ok: AtomicU64,
 }
 
 /// A running sink; dropped, it stops.
@@ -90,10 +107,26 @@ impl Sink {
         s.latency_us
             .store(mode.latency.as_micros() as u64, Ordering::SeqCst);
         s.measure.store(mode.measure, Ordering::SeqCst);
-        for c in [&s.ok, &s.failed, &s.first_us, &s.last_us] {
+        s.per_id.store(mode.per_id, Ordering::SeqCst);
+        for c in [&s.ok, &s.failed, &s.first_us, &s.last_us, &s.ids_ok] {
             c.store(0, Ordering::SeqCst);
         }
         s.samples.lock().map(|mut v| v.clear()).ok();
+        s.ids.lock().map(|mut m| m.clear()).ok();
+    }
+
+    /// Distinct notifications answered 200 so far (counted with `per_id`).
+    pub fn ids_ok(&self) -> u64 {
+        self.shared.ids_ok.load(Ordering::SeqCst)
+    }
+
+    /// What each notification received (with `per_id`), by id.
+    pub fn per_id(&self) -> HashMap<String, PerId> {
+        self.shared
+            .ids
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
     }
 
     pub fn ok(&self) -> u64 {
@@ -156,6 +189,9 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     let first_attempt = headers
         .get("redeliver-attempt")
         .is_some_and(|v| v.as_bytes() == b"1");
+    if s.per_id.load(Ordering::Relaxed) {
+        count_id(&s, &headers, first_attempt);
+    }
     if s.fail_first.load(Ordering::Relaxed) && first_attempt {
         s.failed.fetch_add(1, Ordering::Relaxed);
         return StatusCode::INTERNAL_SERVER_ERROR;
@@ -171,4 +207,26 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     s.last_us.fetch_max(now, Ordering::SeqCst);
     s.ok.fetch_add(1, Ordering::SeqCst);
     StatusCode::OK
+}
+
+/// Counts one request against its `webhook-id`, before it is answered:
+/// whether it will be an attempt-1 request (a 500 under `fail_first`) or a
+/// 200. Counted as a 200 only when the sink will answer 200.
+fn count_id(s: &Shared, headers: &HeaderMap, first_attempt: bool) {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let fails = first_attempt && s.fail_first.load(Ordering::Relaxed);
+    let Ok(mut ids) = s.ids.lock() else { return };
+    let e = ids.entry(id.to_string()).or_default();
+    if first_attempt {
+        e.first += 1;
+    }
+    if !fails {
+        e.ok += 1;
+        if e.ok == 1 {
+            s.ids_ok.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }

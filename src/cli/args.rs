@@ -206,10 +206,11 @@ pub struct DlqExportArgs {
 #[derive(Debug, Args, Clone)]
 #[command(
     after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy, \
-cluster (all by default). Workers run as `redeliver run` processes of this executable. \
+cluster, crash (all by default). Workers run as `redeliver run` processes of this executable. \
 Against the local test node unless --amqp-url is given; the cluster phase against \
 --cluster-url, or else the local three-node test cluster, started for it and stopped \
-after. See BENCHMARKS.md."
+after. The crash phase restarts the broker only when it is the local test node \
+(tests/broker/ctl, on REDELIVER_TEST_BROKER_PORT), and not with --quick. See BENCHMARKS.md."
 )]
 pub struct BenchArgs {
     /// Run only these phases (repeat or comma-separate).

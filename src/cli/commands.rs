@@ -53,6 +53,9 @@ pub async fn bench(
         crate::ops::local_node::ensure_running(&mut std::io::stderr()).await?;
         broker.url = AmqpUrl::new(crate::ops::local_node::url());
         broker_pid = crate::ops::local_node::pid();
+    } else if crate::ops::local_node::is_named_by(&broker.url) {
+        // An --amqp-url that names the local node is measured like it.
+        broker_pid = crate::ops::local_node::pid();
     }
     let opts = crate::bench::BenchOptions {
         broker,

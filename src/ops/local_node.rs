@@ -37,6 +37,46 @@ pub fn pid() -> Option<u32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
+/// Whether `url` names this checkout's running local node: one plain
+/// `amqp://` URL on 127.0.0.1 or localhost at its port, with a pid file.
+/// Only then may the bench restart the node it measures.
+pub fn is_named_by(url: &crate::config::AmqpUrl) -> bool {
+    names(url.urls(), port()) && pid().is_some()
+}
+
+fn names(urls: &[String], port: u16) -> bool {
+    let [one] = urls else { return false };
+    let Ok(uri) = one.parse::<lapin::uri::AMQPUri>() else {
+        return false;
+    };
+    let host = uri.authority.host.as_str();
+    uri.scheme == lapin::uri::AMQPScheme::AMQP
+        && uri.authority.port == port
+        && matches!(host, "127.0.0.1" | "localhost")
+}
+
+/// Restarts the local node with `tests/broker/ctl restart` (a clean stop,
+/// then `up`), for the bench's crash phase. Its clients lose their
+/// connections; it returns once the node accepts them again.
+pub async fn restart() -> anyhow::Result<()> {
+    let ctl = ctl_path();
+    let status = tokio::process::Command::new(&ctl)
+        .arg("restart")
+        .env("REDELIVER_TEST_BROKER_PORT", port().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .await
+        .with_context(|| format!("running {} restart", ctl.display()))?;
+    anyhow::ensure!(
+        status.success(),
+        "{} restart failed ({status})",
+        ctl.display()
+    );
+    Ok(())
+}
+
 /// The node's port, read the way the tests read it (`tests/common`), so the
 /// demo and `cargo test` talk to the same node.
 fn port() -> u16 {
@@ -133,6 +173,17 @@ mod tests {
         assert_eq!(port_from(Some("not-a-port")), 5674);
         assert_eq!(port_from(Some("70000")), 5674);
         assert_eq!(url_for(5690), "amqp://guest:guest@127.0.0.1:5690/%2f");
+    }
+
+    #[test]
+    fn only_the_local_port_on_loopback_names_the_node() {
+        let one = |u: &str| vec![u.to_string()];
+        assert!(names(&one(&url_for(5702)), 5702));
+        assert!(names(&one("amqp://u:p@localhost:5702/%2f"), 5702));
+        assert!(!names(&one(&url_for(5702)), 5674));
+        assert!(!names(&one("amqp://u:p@10.0.0.1:5702/%2f"), 5702));
+        assert!(!names(&one("amqps://u:p@127.0.0.1:5702/%2f"), 5702));
+        assert!(!names(&[url_for(5702), url_for(5703)], 5702));
     }
 
     #[tokio::test]
