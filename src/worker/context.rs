@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::WorkerSettings;
 use crate::endpoint::Endpoints;
@@ -28,6 +29,8 @@ pub struct Context<H> {
     pub endpoints: Arc<Endpoints>,
     /// Notified when a parked delivery waits for a slot (see `process::take_slot`).
     pub slot_wanted: Arc<Notify>,
+    /// The session's tasks: deliveries, and originals held for the settle.
+    pub tracker: TaskTracker,
 }
 
 /// What became of a delivery before its own ack: the copy it needed, if

@@ -119,7 +119,7 @@ async fn settle<H>(
 ) {
     let result = match done {
         Some(Ok(Done::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return hold_then_ack(ctx, acker, lease).await;
+            return hold_then_ack(ctx, acker, lease);
         }
         Some(Ok(Done::Ack(span))) => {
             let acked = acker.ack(BasicAckOptions::default()).await;
@@ -155,16 +155,27 @@ async fn settle<H>(
 /// write, and a broker crash in that window would lose the copy. Until the
 /// ack, the broker would redeliver the original instead. Counted as held
 /// on its consumer, which the feed replaces when too many are.
-async fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker, lease: &Lease) {
-    let _held = lease.hold();
-    let result = tokio::select! {
-        _ = tokio::time::sleep(ctx.settings.retry_settle) => acker.ack(BasicAckOptions::default()).await,
-        // Shutting down before the settle is over: requeue (a duplicate at worst).
-        _ = ctx.hard_stop.cancelled() => acker.nack(requeue()).await,
-    };
-    if let Err(e) = result {
-        warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
-    }
+///
+/// The hold is a small task of its own on the session's tracker, so the
+/// delivery's task (sized for an HTTP attempt) ends now: thousands of held
+/// originals cost their ackers, not thousands of attempts' state.
+fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker, lease: &Lease) {
+    let (held, settle, stop) = (
+        lease.hold(),
+        ctx.settings.retry_settle,
+        ctx.hard_stop.clone(),
+    );
+    ctx.tracker.spawn(async move {
+        let result = tokio::select! {
+            _ = tokio::time::sleep(settle) => acker.ack(BasicAckOptions::default()).await,
+            // Shutting down before the settle is over: requeue (a duplicate at worst).
+            _ = stop.cancelled() => acker.nack(requeue()).await,
+        };
+        drop(held);
+        if let Err(e) = result {
+            warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
+        }
+    });
 }
 
 /// The worker's own time around a successful attempt, at debug level on

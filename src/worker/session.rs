@@ -114,6 +114,7 @@ impl<H: DeliveryHandler> Session<H> {
             slots: shared.slots.clone(),
             endpoints: shared.endpoints.clone(),
             slot_wanted: shared.slot_wanted.clone(),
+            tracker: tracker.clone(),
         });
         Ok(Session {
             ctx,
