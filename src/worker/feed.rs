@@ -31,7 +31,7 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::Notify;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::telemetry::{self, GaugeGuard};
 
@@ -137,6 +137,9 @@ pub(super) struct Feed {
     subscriber: Subscriber,
     current: Arc<Generation>,
     streams: SelectAll<Deliveries>,
+    /// Set when a rotation could not open a consumer: no more tries in
+    /// this session.
+    stuck: bool,
 }
 
 impl Feed {
@@ -165,6 +168,7 @@ impl Feed {
             subscriber,
             current,
             streams,
+            stuck: false,
         })
     }
 
@@ -198,10 +202,20 @@ impl Feed {
         let held = self.current.held.load(Ordering::Relaxed);
         let live = self.subscriber.live.load(Ordering::Relaxed);
         let draining = self.streams.len() > 1;
-        if held < self.subscriber.threshold || live >= MAX_LIVE || draining {
+        if held < self.subscriber.threshold || live >= MAX_LIVE || draining || self.stuck {
             return Ok(());
         }
-        let (fresh, deliveries) = self.subscriber.subscribe().await?;
+        let (fresh, deliveries) = match self.subscriber.subscribe().await {
+            Ok(fresh) => fresh,
+            // Say, the broker's channel_max: keep the current consumer
+            // (held originals take its room again) rather than break the
+            // session, which would redeliver every one of them.
+            Err(e) => {
+                warn!(error = %e, "cannot open another consumer; settling originals keep taking prefetch room");
+                self.stuck = true;
+                return Ok(());
+            }
+        };
         self.streams.push(deliveries);
         let old = std::mem::replace(&mut self.current, fresh);
         old.retired.store(true, Ordering::Relaxed);
