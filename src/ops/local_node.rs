@@ -59,22 +59,7 @@ fn names(urls: &[String], port: u16) -> bool {
 /// then `up`), for the bench's crash phase. Its clients lose their
 /// connections; it returns once the node accepts them again.
 pub async fn restart() -> anyhow::Result<()> {
-    let ctl = ctl_path();
-    let status = tokio::process::Command::new(&ctl)
-        .arg("restart")
-        .env("REDELIVER_TEST_BROKER_PORT", port().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .status()
-        .await
-        .with_context(|| format!("running {} restart", ctl.display()))?;
-    anyhow::ensure!(
-        status.success(),
-        "{} restart failed ({status})",
-        ctl.display()
-    );
-    Ok(())
+    run_ctl(port(), &ctl_path(), "restart").await
 }
 
 /// The node's port, read the way the tests read it (`tests/common`), so the
@@ -144,18 +129,23 @@ async fn answers(port: u16) -> bool {
 /// child is not killed if this future is dropped: `ctl` is locked and
 /// idempotent, and an apt-get cut short would leave dpkg half-done.
 async fn run_ctl_up(port: u16, ctl: &Path) -> anyhow::Result<()> {
+    run_ctl(port, ctl, "up").await
+}
+
+/// `ctl VERB` for the node on `port`, its messages on our stderr.
+async fn run_ctl(port: u16, ctl: &Path, verb: &str) -> anyhow::Result<()> {
     let status = tokio::process::Command::new(ctl)
-        .arg("up")
+        .arg(verb)
         .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .status()
         .await
-        .with_context(|| format!("running {} up", ctl.display()))?;
+        .with_context(|| format!("running {} {verb}", ctl.display()))?;
     anyhow::ensure!(
         status.success(),
-        "{} up failed ({status}); its messages are above",
+        "{} {verb} failed ({status}); its messages are above",
         ctl.display()
     );
     Ok(())
