@@ -22,8 +22,9 @@ use serde_json::json;
 
 const PLUGIN: DelayBackend = DelayBackend::Plugin;
 
-/// A worker whose endpoints are isolated as in production (the harness's
-/// default settings turn isolation off for tests about other things).
+/// A worker isolated as in production, with a hard ceiling of
+/// `endpoint_concurrency` under its adaptive limits (the harness's
+/// settings turn the breaker off for tests about other things).
 fn isolated(concurrency: usize, endpoint_concurrency: usize) -> WorkerSettings {
     let mut s = schedule_settings("200ms", 5, concurrency);
     s.endpoints.concurrency = Some(endpoint_concurrency);
@@ -49,9 +50,10 @@ fn attempts_by_id(rx: &Receiver) -> HashMap<String, Vec<String>> {
 
 /// 20 notifications to a receiver that hangs for a minute, 100 to a
 /// healthy one, interleaved, 8 slots: the hanging one holds at most its
-/// cap of 2 and every healthy notification arrives long before the first
-/// hanging attempt times out (30 s). Without the cap, the first 8 hanging
-/// ones would take every slot for 30 s.
+/// ceiling of 2 and every healthy notification arrives long before the
+/// first hanging attempt times out (30 s). Without a limit, the first 8
+/// hanging ones would take every slot for 30 s. (tests/adaptive.rs has
+/// the same with no ceiling: the adaptive limit keeps it to 2 too.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hanging_receiver_does_not_starve_another() {
     let app = TestApp::new("hang", PLUGIN);
@@ -73,7 +75,7 @@ async fn a_hanging_receiver_does_not_starve_another() {
     w.stop().await;
     assert!(healthy_done, "healthy receiver got {} of 100", ok.count());
     assert!(took < Duration::from_secs(25), "took {took:?}");
-    assert_eq!(hang.max_in_flight(), 2, "the hanging endpoint's cap");
+    assert_eq!(hang.max_in_flight(), 2, "the hanging endpoint's ceiling");
 }
 
 /// 30 notifications to a receiver that takes 200 ms, 16 slots, a cap of
@@ -164,17 +166,19 @@ async fn deferral_costs_no_attempt(backend: DelayBackend) {
 
 both_backends!(deferral_costs_no_attempt);
 
-/// A receiver that fails until told otherwise; the breaker opens after 3
-/// failures for 1 s: no request reaches it while open, one probe after
-/// it (which fails, so it opens again for 2 s), and once the receiver is
-/// healthy the next probe closes it and everything is delivered.
+/// A receiver that answers 503 (down or overloaded, no `Retry-After`)
+/// until told otherwise; the breaker opens after 3 of them for 1 s: no
+/// request reaches it while open, one probe after it (which fails, so it
+/// opens again for 2 s), and once the receiver is healthy the next probe
+/// closes it and everything is delivered. (A 500 would not open it:
+/// tests/breaker.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_breaker_opens_probes_and_closes() {
     let app = TestApp::new("breaker", PLUGIN);
     let healthy = Arc::new(AtomicBool::new(false));
     let h = healthy.clone();
     let rx = Receiver::start(move |_: &Recorded| {
-        Reply::status(if h.load(Ordering::SeqCst) { 200 } else { 500 })
+        Reply::status(if h.load(Ordering::SeqCst) { 200 } else { 503 })
     })
     .await;
     let mut settings = isolated(4, 1);
@@ -197,13 +201,13 @@ async fn the_breaker_opens_probes_and_closes() {
     assert!(done, "{} of 10 delivered", ids(&rx).len());
     let reqs = rx.requests();
     let gap = |i: usize| reqs[i].at.duration_since(reqs[i - 1].at);
-    assert!(reqs[..3].iter().all(|r| r.reply == 500));
+    assert!(reqs[..3].iter().all(|r| r.reply == 503));
     assert!(
         gap(3) >= Duration::from_millis(950),
         "open 1 s: {:?}",
         gap(3)
     );
-    assert_eq!(reqs[3].reply, 500, "the first probe failed");
+    assert_eq!(reqs[3].reply, 503, "the first probe failed");
     assert!(
         gap(4) >= Duration::from_millis(1_900),
         "open 2 s: {:?}",

@@ -326,18 +326,28 @@ pub struct RunArgs {
 /// max-age). Waiting for an endpoint costs no attempt.
 #[derive(Debug, Args, Clone)]
 pub struct EndpointArgs {
-    /// Most HTTP attempts in flight to one endpoint, so a hanging receiver
-    /// holds at most this many of the --concurrency slots. More wait
-    /// without a slot, or are deferred. [default: a quarter of --concurrency]
+    /// A hard ceiling on HTTP attempts in flight to one endpoint. Below
+    /// it each endpoint earns an adaptive limit from its own latency,
+    /// timeouts and overload answers: a healthy one alone reaches all of
+    /// --concurrency, a hanging one falls to a few slots. [default: --concurrency]
     #[arg(long, env = "REDELIVER_ENDPOINT_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
     pub endpoint_concurrency: Option<u16>,
+    /// Per-endpoint isolation: `on` gives each endpoint an adaptive limit,
+    /// equal shares of the slots while several have work, and a circuit
+    /// breaker. `off` lets every delivery go at once, whatever its
+    /// endpoint does (only --endpoint-concurrency, rates and Retry-After
+    /// pauses remain): for one trusted receiver, or to compare.
+    #[arg(long, env = "REDELIVER_ISOLATION", default_value = "on", value_parser = on_off)]
+    pub isolation: bool,
     /// Most attempts per interval to one endpoint, spaced evenly, e.g. 50/s
     /// or 600/min. [default: no limit]
     #[arg(long, env = "REDELIVER_ENDPOINT_RATE", value_name = "RATE")]
     pub endpoint_rate: Option<crate::policy::Rate>,
-    /// Consecutive failures (no answer, timeout, 5xx) that open an
-    /// endpoint's circuit breaker; it also opens when 70% of 20 or more
-    /// attempts in 30 s failed. 0 turns the breaker off.
+    /// Consecutive failures that open an endpoint's circuit breaker; it
+    /// also opens when 70% of 20 or more attempts in 30 s failed. A failure
+    /// means down or overloaded: no answer (connect, TLS, timeout) or a
+    /// 502/503/504. A quick 500 or 404 is the notification's outcome, not
+    /// the endpoint's, and never opens it. 0 turns the breaker off.
     #[arg(long, env = "REDELIVER_BREAKER_FAILURES", default_value_t = 10)]
     pub breaker_failures: u32,
     /// How long an open breaker first stays open (no attempts; deliveries
@@ -468,4 +478,13 @@ fn confirm_timeout(s: &str) -> Result<Duration, String> {
 
 fn duration(s: &str) -> Result<Duration, String> {
     crate::policy::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// `on` or `off`.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected `on` or `off`, not `{other}`")),
+    }
 }

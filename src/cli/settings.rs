@@ -75,6 +75,7 @@ fn endpoint_settings(a: &EndpointArgs) -> anyhow::Result<EndpointSettings> {
     }
     Ok(EndpointSettings {
         concurrency: a.endpoint_concurrency.map(usize::from),
+        isolation: a.isolation,
         rate: a.endpoint_rate,
         breaker: BreakerPolicy {
             failures: a.breaker_failures,

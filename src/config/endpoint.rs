@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::config::Route;
-use crate::policy::{BreakerPolicy, Rate};
+use crate::policy::{BreakerPolicy, LimitPolicy, Rate};
 
 /// Endpoints a worker tracks by default (`--max-endpoints`); the least
 /// recently used are forgotten beyond it.
@@ -19,9 +19,14 @@ pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 86_400);
 /// `--breaker-*`, `--max-endpoints`, `--max-parked`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointSettings {
-    /// Most attempts in flight to one endpoint; `None`: a quarter of the
-    /// worker's concurrency (see [`EndpointSettings::concurrency_for`]).
+    /// A hard ceiling on attempts in flight to one endpoint; `None`: the
+    /// worker's concurrency. Below it the limit is adaptive.
     pub concurrency: Option<usize>,
+    /// Per-endpoint isolation on (the default): an adaptive limit per
+    /// endpoint and equal shares under contention. Off (`--isolation
+    /// off`): only the ceiling, rates and `Retry-After` pauses remain, and
+    /// the breaker is off too.
+    pub isolation: bool,
     /// Most attempts per interval to one endpoint; `None`: no limit.
     pub rate: Option<Rate>,
     pub breaker: BreakerPolicy,
@@ -35,6 +40,7 @@ impl Default for EndpointSettings {
     fn default() -> Self {
         EndpointSettings {
             concurrency: None,
+            isolation: true,
             rate: None,
             breaker: BreakerPolicy::default(),
             max_endpoints: DEFAULT_MAX_ENDPOINTS,
@@ -46,18 +52,20 @@ impl Default for EndpointSettings {
 /// The limits in force for one endpoint.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EndpointLimits {
+    /// The hard ceiling on attempts in flight.
     pub concurrency: usize,
+    /// Where the adaptive limit starts and the most it earns; `None`:
+    /// isolation is off, the ceiling is the limit.
+    pub adaptive: Option<LimitPolicy>,
     pub rate: Option<Rate>,
     pub breaker: BreakerPolicy,
 }
 
 impl EndpointSettings {
-    /// A quarter of `worker` by default, at least 1: one hanging receiver
-    /// then holds at most a quarter of the slots, whatever else it does.
+    /// The ceiling: `--endpoint-concurrency`, or the whole worker. The
+    /// adaptive limit below it is what keeps a hanging receiver small.
     pub fn concurrency_for(&self, worker: usize) -> usize {
-        self.concurrency
-            .unwrap_or(worker / 4)
-            .clamp(1, worker.max(1))
+        self.concurrency.unwrap_or(worker).clamp(1, worker.max(1))
     }
 
     /// The route's settings over the flags'.
@@ -67,10 +75,22 @@ impl EndpointSettings {
         if let Some(f) = route.and_then(|r| r.breaker_failures) {
             breaker.failures = f;
         }
+        if !self.isolation {
+            breaker.failures = 0;
+        }
+        let concurrency = own(|r| r.concurrency)
+            .unwrap_or_else(|| self.concurrency_for(worker_concurrency))
+            .max(1);
         EndpointLimits {
-            concurrency: own(|r| r.concurrency)
-                .unwrap_or_else(|| self.concurrency_for(worker_concurrency))
-                .max(1),
+            concurrency,
+            // Starts at a quarter of the worker (at most 4), never above
+            // the ceiling: a ceiling says "at most", not "start lower".
+            adaptive: self.isolation.then(|| LimitPolicy {
+                initial: LimitPolicy::for_max(worker_concurrency)
+                    .initial
+                    .min(concurrency),
+                max: concurrency,
+            }),
             rate: route.and_then(|r| r.rate).or(self.rate),
             breaker,
         }
@@ -82,10 +102,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_route_overrides_the_flags_and_the_default_is_a_quarter() {
+    fn a_route_overrides_the_flags_and_the_default_ceiling_is_the_worker() {
         let s = EndpointSettings::default();
-        assert_eq!(s.concurrency_for(32), 8);
-        assert_eq!(s.concurrency_for(2), 1);
+        assert_eq!(s.concurrency_for(32), 32);
+        assert_eq!(s.concurrency_for(2), 2);
+        let l = s.limits(32, None);
+        assert_eq!(l.adaptive, Some(LimitPolicy::for_max(32)));
+        let off = EndpointSettings {
+            isolation: false,
+            ..Default::default()
+        };
+        let l = off.limits(32, None);
+        assert_eq!((l.concurrency, l.adaptive), (32, None));
+        assert!(!l.breaker.enabled(), "isolation off: no breaker either");
         let flags = EndpointSettings {
             concurrency: Some(64),
             rate: Some("10/s".parse().unwrap()),

@@ -1,29 +1,39 @@
-//! Per-endpoint isolation: one bad receiver must not starve the others.
+//! Per-endpoint isolation: one bad receiver must not starve the others,
+//! and isolation must cost nothing when nobody misbehaves.
 //!
 //! An **endpoint** is a URL's scheme, host and port; the URLs of a
 //! `[[route]]` form an endpoint of their own, with the route's limits. For
 //! each endpoint a worker keeps (in memory, for at most `--max-endpoints`
 //! of them, the least recently used forgotten):
 //!
-//! - a **concurrency cap** (`--endpoint-concurrency`, a route's
-//!   `concurrency`): attempts in flight to it;
+//! - an **adaptive limit** on attempts in flight, earned from its own
+//!   latency, timeouts and overload answers (`crate::policy::Limiter`),
+//!   under an optional hard ceiling (`--endpoint-concurrency`, a route's
+//!   `concurrency`);
+//! - a **share**: alone, an endpoint may use every slot; while several
+//!   had deliveries within the last second, each gets an equal share;
 //! - an optional **rate** (`--endpoint-rate`, a route's `rate`);
 //! - a **circuit breaker** and `Retry-After` **pauses** (the pure state
 //!   machine is `crate::policy::Breaker`).
 //!
 //! [`Endpoints::try_admit`] answers for each delivery, before its attempt:
-//! **go**; **park** (the endpoint is at its cap or waits for its rate turn,
-//! and will be free soon: the delivery gives its concurrency slot back and
-//! waits, in arrival order, holding one of `--max-parked` places); or
-//! **defer** (the breaker is open, the endpoint paused, or its wait would
-//! be long: the worker republishes it with a delay, confirmed before the
-//! ack). Parking and deferring are not attempts and cost none.
+//! **go**; **park** (the endpoint is at its limit or waits for its rate
+//! turn, and will be free soon: the delivery gives its concurrency slot
+//! back and waits, in arrival order, holding one of `--max-parked`
+//! places); or **defer** (the breaker is open, the endpoint paused, makes
+//! no progress, or its wait would be long: the worker republishes it with
+//! a delay, confirmed before the ack). Parking and deferring are not
+//! attempts and cost none.
 
+mod admission;
 mod pass;
 mod state;
 
-pub use pass::{Admission, Parked, Pass};
-pub use state::{DeferReason, MAX_SCHEDULE, PARK_TIMEOUT, PARK_WAIT};
+pub use admission::{Admission, Parked};
+pub use pass::Pass;
+pub use state::{
+    DeferReason, ACTIVE_WINDOW, LONE_PARK_WAIT, MAX_SCHEDULE, PARK_TIMEOUT, PARK_WAIT,
+};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,27 +45,52 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::config::{EndpointSettings, Route, Routes};
 use crate::policy::Gate;
 use crate::telemetry;
-use state::Endpoint;
+use state::{rate_wait_at, Endpoint, Shares, State};
 
-/// Every endpoint this worker knows, and the parking places they share.
+/// How often the endpoints active within [`ACTIVE_WINDOW`] are counted
+/// again (in between, a newly active one is added at once).
+const RECOUNT: Duration = Duration::from_millis(100);
+
+/// Every endpoint this worker knows, the slots they share, and the
+/// parking places.
 pub struct Endpoints {
     settings: EndpointSettings,
     worker_concurrency: usize,
     routes: Routes,
-    map: Mutex<HashMap<String, Arc<Endpoint>>>,
+    map: Mutex<Registry>,
+    shares: Arc<Shares>,
     room: Arc<Semaphore>,
     labels: Mutex<Vec<String>>,
+}
+
+/// The endpoints by key, and how many had a delivery lately.
+struct Registry {
+    endpoints: HashMap<String, Entry>,
+    active: usize,
+    counted: Instant,
+}
+
+struct Entry {
+    ep: Arc<Endpoint>,
+    /// Its last delivery.
+    seen: Instant,
 }
 
 impl Endpoints {
     pub fn new(settings: EndpointSettings, worker_concurrency: usize, routes: Routes) -> Self {
         let room = Arc::new(Semaphore::new(settings.max_parked));
         metrics::gauge!(telemetry::PARKED).set(0.0);
+        let registry = Registry {
+            endpoints: HashMap::new(),
+            active: 0,
+            counted: Instant::now(),
+        };
         Endpoints {
             settings,
             worker_concurrency,
             routes,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(registry),
+            shares: Arc::new(Shares::new(worker_concurrency)),
             room,
             labels: Mutex::new(Vec::new()),
         }
@@ -78,53 +113,77 @@ impl Endpoints {
     /// it parks.
     pub fn try_admit(&self, url: &url::Url, place: Option<OwnedSemaphorePermit>) -> Admission {
         let route = self.routes.find(url);
-        let ep = self.endpoint(url, route);
         let now = Instant::now();
+        let ep = self.endpoint(url, route, now);
         let mut st = ep.state();
-        st.used = now;
+        ep.check(&mut st, now);
         if let Gate::Wait(wait, why) = st.breaker.gate(now, &ep.limits.breaker, false) {
-            return pass::defer(&ep, &mut st, now, wait, why.into());
+            return admission::defer(&ep, &mut st, now, wait, why.into());
         }
-        let permit = ep.permits.clone().try_acquire_owned().ok();
-        if permit.is_some() && state::rate_wait_at(&ep, &st, now).is_zero() {
-            if let Some(p) = permit {
-                return pass::go(&ep, &mut st, p, now);
-            }
+        let rate_wait = rate_wait_at(&ep, &st, now);
+        // Nobody parked ahead of it (arrival order), room, and its rate turn.
+        if st.queue.is_empty() && ep.has_room(&st) && rate_wait.is_zero() {
+            return admission::go(&ep, &mut st, now);
         }
-        let wait = ep.park_estimate(&st, now);
-        let reason = match (&permit, ep.limits.rate) {
-            (Some(_), Some(_)) => DeferReason::Rate,
-            _ => DeferReason::Busy,
-        };
-        if wait > PARK_WAIT {
-            return pass::defer(&ep, &mut st, now, wait, reason);
-        }
-        match place {
-            Some(place) => Admission::Park(Parked::new(ep.clone(), &mut st, place, permit)),
-            None => pass::defer(&ep, &mut st, now, wait.max(PARK_WAIT), DeferReason::Busy),
-        }
+        park_or_defer(&ep, &mut st, now, place, rate_wait)
     }
 
     /// The endpoint of `url` (the route's, when one matches), created with
-    /// its limits when new; the least recently used are forgotten beyond
-    /// `--max-endpoints`.
-    fn endpoint(&self, url: &url::Url, route: Option<&Route>) -> Arc<Endpoint> {
+    /// its limits when new and marked active; the least recently used are
+    /// forgotten beyond `--max-endpoints`.
+    fn endpoint(&self, url: &url::Url, route: Option<&Route>, now: Instant) -> Arc<Endpoint> {
         let key = match route {
             Some(r) => r.url_prefix.clone(),
             None => endpoint_key(url),
         };
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(ep) = map.get(&key) {
-            return ep.clone();
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let reg = &mut *guard;
+        let ep = match reg.endpoints.get_mut(&key) {
+            Some(e) => {
+                if now.saturating_duration_since(e.seen) > ACTIVE_WINDOW {
+                    reg.active += 1;
+                }
+                e.seen = now;
+                e.ep.clone()
+            }
+            None => self.insert(reg, key, url, route, now),
+        };
+        if now.saturating_duration_since(reg.counted) >= RECOUNT {
+            recount(reg, now);
         }
-        if map.len() >= self.settings.max_endpoints.max(1) {
-            forget_least_used(&mut map);
+        self.shares.set_active(reg.active);
+        ep
+    }
+
+    fn insert(
+        &self,
+        reg: &mut Registry,
+        key: String,
+        url: &url::Url,
+        route: Option<&Route>,
+        now: Instant,
+    ) -> Arc<Endpoint> {
+        if reg.endpoints.len() >= self.settings.max_endpoints.max(1) {
+            forget_least_used(&mut reg.endpoints);
         }
         let limits = self.settings.limits(self.worker_concurrency, route);
-        let ep = Endpoint::new(key.clone(), self.label(url), limits, Instant::now());
+        let ep = Endpoint::new(
+            key.clone(),
+            self.label(url),
+            limits,
+            self.shares.clone(),
+            now,
+        );
         let ep = Arc::new(ep);
-        map.insert(key, ep.clone());
-        metrics::gauge!(telemetry::ENDPOINTS).set(map.len() as f64);
+        reg.endpoints.insert(
+            key,
+            Entry {
+                ep: ep.clone(),
+                seen: now,
+            },
+        );
+        reg.active += 1;
+        metrics::gauge!(telemetry::ENDPOINTS).set(reg.endpoints.len() as f64);
         ep
     }
 
@@ -158,13 +217,54 @@ pub fn endpoint_key(url: &url::Url) -> String {
     )
 }
 
+/// Counts the endpoints that had a delivery within [`ACTIVE_WINDOW`].
+fn recount(reg: &mut Registry, now: Instant) {
+    reg.active = reg
+        .endpoints
+        .values()
+        .filter(|e| now.saturating_duration_since(e.seen) <= ACTIVE_WINDOW)
+        .count();
+    reg.counted = now;
+    metrics::gauge!(telemetry::ACTIVE_ENDPOINTS).set(reg.active as f64);
+}
+
+/// A delivery that cannot go now parks, in order, when its wait is short
+/// enough ([`Endpoint::park_bound`]: long alone, short while others have
+/// work); it is deferred when the endpoint makes no progress, when the
+/// wait is longer, or, while others have work, when the endpoint never
+/// answered and already has a round of deliveries waiting (it may be
+/// hanging: its deliveries must not fill the parking places).
+fn park_or_defer(
+    ep: &Arc<Endpoint>,
+    st: &mut State,
+    now: Instant,
+    place: Option<OwnedSemaphorePermit>,
+    rate_wait: Duration,
+) -> Admission {
+    let ahead = st.queue.len();
+    let estimate = ep.park_estimate(st, now, ahead);
+    let reason = match ep.has_room(st) && !rate_wait.is_zero() {
+        true => DeferReason::Rate,
+        false => DeferReason::Busy,
+    };
+    let unproven =
+        ep.shares.contended() && st.limiter.baseline().is_none() && ahead >= ep.allowed(st);
+    if ep.stalled(st, now) || unproven || estimate > ep.park_bound() {
+        return admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason);
+    }
+    match place {
+        Some(place) => Admission::Park(Parked::new(ep.clone(), st, place)),
+        None => admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason),
+    }
+}
+
 /// Forgets the least recently used tenth of the endpoints that nobody is
 /// using (no delivery holds them).
-fn forget_least_used(map: &mut HashMap<String, Arc<Endpoint>>) {
+fn forget_least_used(map: &mut HashMap<String, Entry>) {
     let mut idle: Vec<(Instant, String)> = map
         .iter()
-        .filter(|(_, ep)| Arc::strong_count(ep) == 1)
-        .map(|(k, ep)| (ep.state().used, k.clone()))
+        .filter(|(_, e)| Arc::strong_count(&e.ep) == 1)
+        .map(|(k, e)| (e.seen, k.clone()))
         .collect();
     idle.sort();
     let n = (map.len() / 10).max(1);

@@ -1,24 +1,37 @@
-//! One endpoint's limits and state, shared by the admission (`mod.rs`)
-//! and the passes (`pass.rs`): why a delivery is deferred, how long a
-//! parked one would wait, and the schedule deferred ones are spread over.
+//! One endpoint's limits and state, shared by the admission (`mod.rs`),
+//! the passes (`pass.rs`) and the parked deliveries (`park.rs`): how many
+//! attempts it may have in flight now, why a delivery is deferred, how
+//! long a parked one would wait, and the schedule deferred ones are
+//! spread over.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 use crate::config::EndpointLimits;
-use crate::policy::{Breaker, Pacer, WaitReason};
+use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason};
 use crate::telemetry;
 
-/// A parked delivery is expected to get its turn within this long, or it
-/// is deferred instead: parking is for short waits.
+/// While other endpoints have work, a parked delivery is expected to get
+/// its turn within this long, or it is deferred instead: their deliveries
+/// need the parking places.
 pub const PARK_WAIT: Duration = Duration::from_secs(1);
-/// A parked delivery that waited this long is deferred after all (its
-/// endpoint stalled after it was parked).
+/// Alone, an endpoint's deliveries wait their turn in order for up to
+/// this long (a slow endpoint is not a dead one): there is nobody else to
+/// make room for, and a deferral is a broker round trip.
+pub const LONE_PARK_WAIT: Duration = Duration::from_secs(10);
+/// While other endpoints have work, a parked delivery that waited this
+/// long is deferred after all (its endpoint slowed after it was parked).
 pub const PARK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How far ahead a busy endpoint's deferrals are spread at most.
 pub const MAX_SCHEDULE: Duration = Duration::from_secs(300);
+/// An endpoint that had a delivery within this long competes for the
+/// slots. The queue's order hides which endpoints have work waiting
+/// behind the next delivery; recent arrivals stand in for them.
+pub const ACTIVE_WINDOW: Duration = Duration::from_secs(1);
 
 /// Why a delivery was deferred without an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,8 +42,8 @@ pub enum DeferReason {
     Paused,
     /// The breaker is half-open and its probes are out.
     Probing,
-    /// The endpoint is at its concurrency cap with a long wait, or no
-    /// parking place was free.
+    /// The endpoint is at its limit with a long wait, makes no progress,
+    /// or no parking place was free.
     Busy,
     /// The endpoint's rate allows no turn soon.
     Rate,
@@ -58,6 +71,37 @@ impl From<WaitReason> for DeferReason {
     }
 }
 
+/// The worker's slots and how many endpoints compete for them: alone, an
+/// endpoint may use every slot; while several have had deliveries within
+/// [`ACTIVE_WINDOW`], each gets an equal share.
+pub struct Shares {
+    concurrency: usize,
+    active: AtomicUsize,
+}
+
+impl Shares {
+    pub(super) fn new(concurrency: usize) -> Self {
+        Shares {
+            concurrency: concurrency.max(1),
+            active: AtomicUsize::new(0),
+        }
+    }
+
+    pub(super) fn set_active(&self, n: usize) {
+        self.active.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether another endpoint has work too.
+    pub(super) fn contended(&self) -> bool {
+        self.active.load(Ordering::Relaxed) > 1
+    }
+
+    /// Each active endpoint's share of the slots, at least one.
+    pub(super) fn share(&self) -> usize {
+        (self.concurrency / self.active.load(Ordering::Relaxed).max(1)).max(1)
+    }
+}
+
 /// One endpoint's limits and state.
 pub struct Endpoint {
     /// `scheme://host:port`, or the route's URL prefix: for log lines.
@@ -65,44 +109,67 @@ pub struct Endpoint {
     /// Its metrics label (bounded, see [`Endpoints::label`]).
     pub(super) label: String,
     pub(super) limits: EndpointLimits,
-    pub(super) permits: Arc<Semaphore>,
+    pub(super) shares: Arc<Shares>,
+    /// Notified when an attempt ends or a parked delivery leaves the
+    /// queue: the next parked one may go.
+    pub(super) freed: Notify,
     pub(super) state: Mutex<State>,
 }
 
 pub(super) struct State {
     pub(super) breaker: Breaker,
     pub(super) pacer: Pacer,
+    /// The adaptive limit and the attempts in flight.
+    pub(super) limiter: Limiter,
     /// Moving average of attempt durations, once one finished.
     pub(super) latency: Option<Duration>,
-    /// The last time an attempt finished, or the endpoint became busy.
-    pub(super) progress: Instant,
-    pub(super) in_flight: usize,
-    pub(super) parked: usize,
-    pub(super) used: Instant,
+    /// Parked deliveries let go, not yet attempting (waiting for a slot).
+    pub(super) reserved: usize,
+    /// Parked deliveries' tickets, in arrival order.
+    pub(super) queue: VecDeque<u64>,
+    pub(super) next_ticket: u64,
     /// Until when the deliveries deferred as busy or rate-limited are
     /// expected to keep the endpoint occupied (see [`Endpoint::deferral`]).
     pub(super) deferred_until: Option<Instant>,
+    /// The limit last shown on its gauge.
+    pub(super) shown_limit: usize,
+    /// Moving share of answers that were application errors.
+    pub(super) app_errors: f64,
 }
 
 impl Endpoint {
-    pub(super) fn new(key: String, label: String, limits: EndpointLimits, now: Instant) -> Self {
+    pub(super) fn new(
+        key: String,
+        label: String,
+        limits: EndpointLimits,
+        shares: Arc<Shares>,
+        now: Instant,
+    ) -> Self {
+        let policy = limits
+            .adaptive
+            .unwrap_or_else(|| LimitPolicy::for_max(limits.concurrency));
         let state = State {
             breaker: Breaker::new(now),
             pacer: Pacer::default(),
+            limiter: Limiter::new(policy, now),
             latency: None,
-            progress: now,
-            in_flight: 0,
-            parked: 0,
-            used: now,
+            reserved: 0,
+            queue: VecDeque::new(),
+            next_ticket: 0,
             deferred_until: None,
+            shown_limit: 0,
+            app_errors: 0.0,
         };
-        Endpoint {
+        let ep = Endpoint {
             key,
             label,
             limits,
-            permits: Arc::new(Semaphore::new(limits.concurrency)),
+            shares,
+            freed: Notify::new(),
             state: Mutex::new(state),
-        }
+        };
+        ep.show_limit(&mut ep.state());
+        ep
     }
 
     /// The state, even if a holder panicked: it is counters only.
@@ -110,11 +177,70 @@ impl Endpoint {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Its own limit: the adaptive one under the ceiling, or the ceiling
+    /// with isolation off.
+    pub(super) fn own_limit(&self, st: &State) -> usize {
+        match self.limits.adaptive {
+            Some(_) => st.limiter.limit().min(self.limits.concurrency),
+            None => self.limits.concurrency,
+        }
+    }
+
+    /// Attempts it may have in flight now: its own limit, and its share
+    /// while other endpoints have work.
+    pub(super) fn allowed(&self, st: &State) -> usize {
+        match self.limits.adaptive {
+            Some(_) => self.own_limit(st).min(self.shares.share()),
+            None => self.limits.concurrency,
+        }
+    }
+
+    /// Whether one more attempt may start (parked ones let go count).
+    pub(super) fn has_room(&self, st: &State) -> bool {
+        st.limiter.in_flight() + st.reserved < self.allowed(st)
+    }
+
+    /// Judges the attempts in flight (see [`Limiter::check`]).
+    pub(super) fn check(&self, st: &mut State, now: Instant) {
+        if st.limiter.check(now) {
+            self.show_limit(st);
+        }
+    }
+
+    pub(super) fn show_limit(&self, st: &mut State) {
+        let limit = self.own_limit(st);
+        if limit != st.shown_limit {
+            st.shown_limit = limit;
+            let label = self.label.clone();
+            metrics::gauge!(telemetry::ENDPOINT_LIMIT, "endpoint" => label).set(limit as f64);
+        }
+    }
+
+    /// No answer for twice its usual latency, and for at least
+    /// [`PARK_WAIT`], while attempts are in flight: it makes no progress
+    /// (hangs, or every attempt fails slowly), and waiting for it is
+    /// pointless.
+    pub(super) fn stalled(&self, st: &State, now: Instant) -> bool {
+        let usual = st.limiter.baseline().unwrap_or_default() * 2;
+        st.limiter.silent_for(now) > usual.max(PARK_WAIT)
+    }
+
+    /// How long a parked delivery may expect to wait: [`LONE_PARK_WAIT`]
+    /// alone, [`PARK_WAIT`] while others have work or when the endpoint
+    /// has a rate (its pace is known: a far turn is deferred to it, at one
+    /// broker round trip, rather than held in a parking place).
+    pub(super) fn park_bound(&self) -> Duration {
+        match self.shares.contended() || self.limits.rate.is_some() {
+            true => PARK_WAIT,
+            false => LONE_PARK_WAIT,
+        }
+    }
+
     /// The answer for a delivery that must wait `wait` or more, counted in
     /// the metrics. A delivery deferred because the endpoint is busy or at
     /// its rate gets the next free place in the endpoint's schedule: one
     /// every `spacing` (its rate's interval, or its average attempt time
-    /// over its concurrency) after those deferred before it, up to
+    /// over its limit) after those deferred before it, up to
     /// [`MAX_SCHEDULE`] ahead. So a backlog comes back at about the pace the
     /// endpoint can take it, instead of all at once and deferred again.
     pub(super) fn deferral(
@@ -130,11 +256,9 @@ impl Endpoint {
         if !matches!(reason, DeferReason::Busy | DeferReason::Rate) {
             return (wait, reason);
         }
-        let per = st
-            .latency
-            .unwrap_or_else(|| now.saturating_duration_since(st.progress));
-        let cap = u32::try_from(self.limits.concurrency.max(1)).unwrap_or(u32::MAX);
-        let spacing = (per / cap).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
+        let per = st.latency.unwrap_or_else(|| st.limiter.silent_for(now));
+        let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
+        let spacing = (per / limit).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
         let earliest = now + wait;
         let slot = st.deferred_until.map_or(earliest, |u| u.max(earliest));
         // Never sooner than it could go (a `1/h` rate waits its hour).
@@ -143,21 +267,20 @@ impl Endpoint {
         (slot - now, reason)
     }
 
-    /// How long a delivery parked now would wait for its turn: the queue
-    /// ahead of it at the average latency, or at its rate, and at least how
-    /// long the endpoint has made no progress at all (a hanging receiver).
-    /// So no endpoint holds more parking places than it can serve in
-    /// [`PARK_WAIT`].
-    pub(super) fn park_estimate(&self, st: &State, now: Instant) -> Duration {
+    /// How long a delivery with `ahead` parked deliveries before it would
+    /// wait for its turn: the queue ahead of it at the average latency
+    /// over its limit, or at its rate, and at least how long the endpoint
+    /// has been silent with attempts in flight.
+    pub(super) fn park_estimate(&self, st: &State, now: Instant, ahead: usize) -> Duration {
         let per = st.latency.unwrap_or_default();
-        let queued = u32::try_from(st.parked + 1).unwrap_or(u32::MAX);
-        let cap = u32::try_from(self.limits.concurrency.max(1)).unwrap_or(u32::MAX);
+        let queued = u32::try_from(ahead + 1).unwrap_or(u32::MAX);
+        let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let by_rate = self.limits.rate.map_or(Duration::ZERO, |r| {
             st.pacer.wait(now) + r.interval().saturating_mul(queued - 1)
         });
-        (per.saturating_mul(queued) / cap)
+        (per.saturating_mul(queued) / limit)
             .max(by_rate)
-            .max(now.saturating_duration_since(st.progress))
+            .max(st.limiter.silent_for(now))
     }
 }
 

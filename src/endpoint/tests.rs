@@ -6,9 +6,16 @@ fn url(s: &str) -> url::Url {
     s.parse().unwrap()
 }
 
+/// A ceiling of `concurrency`, with the adaptive limit below it.
 fn endpoints(concurrency: usize, max_parked: usize) -> Endpoints {
-    let settings = EndpointSettings {
+    with_settings(EndpointSettings {
         concurrency: Some(concurrency),
+        ..settings(max_parked)
+    })
+}
+
+fn settings(max_parked: usize) -> EndpointSettings {
+    EndpointSettings {
         max_parked,
         breaker: BreakerPolicy {
             failures: 2,
@@ -16,8 +23,12 @@ fn endpoints(concurrency: usize, max_parked: usize) -> Endpoints {
             ..Default::default()
         },
         ..Default::default()
-    };
-    Endpoints::new(settings, 32, Routes::default())
+    }
+}
+
+/// A worker of 8 slots.
+fn with_settings(settings: EndpointSettings) -> Endpoints {
+    Endpoints::new(settings, 8, Routes::default())
 }
 
 /// As the worker asks: with a parking place taken first, when one is free.
@@ -47,8 +58,13 @@ fn the_endpoint_is_scheme_host_and_port() {
 }
 
 #[tokio::test]
-async fn the_cap_parks_and_a_freed_permit_lets_the_parked_one_go() {
-    let e = endpoints(2, 8);
+async fn the_ceiling_parks_and_an_ending_attempt_lets_the_parked_one_go() {
+    // Isolation off: the ceiling is the limit.
+    let e = with_settings(EndpointSettings {
+        concurrency: Some(2),
+        isolation: false,
+        ..settings(8)
+    });
     let (a, b) = (url("http://a.test/1"), url("http://b.test/1"));
     let first = go(admit(&e, &a));
     let _second = go(admit(&e, &a));
@@ -63,6 +79,85 @@ async fn the_cap_parks_and_a_freed_permit_lets_the_parked_one_go() {
     assert!(!waiter.is_finished());
     first.finish(Signal::Alive);
     assert!(matches!(waiter.await.unwrap(), Admission::Go(_)));
+}
+
+/// Admits to `u` until one parks, finishes every admitted one at once
+/// with `signal`, and returns how many went.
+fn one_round(e: &Endpoints, u: &url::Url, signal: Signal) -> usize {
+    let mut passes = vec![];
+    loop {
+        match admit(e, u) {
+            Admission::Go(p) => passes.push(p),
+            Admission::Park(_) => break,
+            Admission::Defer { reason, .. } => panic!("deferred: {reason:?}"),
+        }
+        if passes.len() > 64 {
+            break;
+        }
+    }
+    let n = passes.len();
+    for p in passes {
+        p.finish(signal);
+    }
+    n
+}
+
+#[tokio::test]
+async fn alone_a_healthy_endpoint_earns_every_slot_and_parks_the_rest_in_order() {
+    let e = with_settings(settings(64));
+    let a = url("http://a.test/");
+    let rounds: Vec<usize> = (0..4).map(|_| one_round(&e, &a, Signal::Alive)).collect();
+    assert_eq!(rounds[0], 2, "a new endpoint starts at a quarter");
+    assert_eq!(*rounds.last().unwrap(), 8, "{rounds:?}: every slot");
+    // Full, alone: the next ones wait in order, none is deferred.
+    let _held: Vec<Pass> = (0..8).map(|_| go(admit(&e, &a))).collect();
+    let parked: Vec<Parked> = (0..40)
+        .map(|_| match admit(&e, &a) {
+            Admission::Park(p) => p,
+            _ => panic!("alone, a busy endpoint's deliveries wait"),
+        })
+        .collect();
+    assert_eq!(parked.len(), 40);
+}
+
+#[tokio::test]
+async fn while_another_endpoint_has_work_each_gets_its_share() {
+    let e = with_settings(settings(64));
+    let (a, b) = (url("http://a.test/"), url("http://b.test/"));
+    for _ in 0..4 {
+        one_round(&e, &a, Signal::Alive);
+    }
+    let held: Vec<Pass> = (0..8).map(|_| go(admit(&e, &a))).collect();
+    drop(held);
+    // b arrives: 2 endpoints share 8 slots, 4 each.
+    let _b = go(admit(&e, &b));
+    let a_held: Vec<Pass> = (0..4).map(|_| go(admit(&e, &a))).collect();
+    assert!(
+        matches!(admit(&e, &a), Admission::Park(_)),
+        "a is at its share while b has work"
+    );
+    assert_eq!(a_held.len(), 4);
+}
+
+#[tokio::test]
+async fn an_endpoint_that_never_answered_parks_one_round_while_others_have_work() {
+    let e = with_settings(settings(64));
+    let (a, hang) = (url("http://a.test/"), url("http://hang.test/"));
+    let _a = go(admit(&e, &a));
+    let _hung: Vec<Pass> = (0..2).map(|_| go(admit(&e, &hang))).collect();
+    let _parked: Vec<Parked> = (0..2)
+        .map(|_| match admit(&e, &hang) {
+            Admission::Park(p) => p,
+            _ => panic!("one round parks"),
+        })
+        .collect();
+    assert!(matches!(
+        admit(&e, &hang),
+        Admission::Defer {
+            reason: DeferReason::Busy,
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
@@ -139,6 +234,7 @@ async fn a_rate_parks_short_waits_and_defers_long_ones() {
     let e = Endpoints::new(settings, 32, Routes::default());
     let a = url("http://a.test/");
     drop(go(admit(&e, &a)));
+    // (A rated endpoint parks only near turns, alone too.)
     let mut parked = vec![];
     for _ in 0..4 {
         match admit(&e, &a) {
@@ -218,7 +314,7 @@ fn the_least_recently_used_endpoints_are_forgotten() {
     for i in 0..100 {
         drop(go(admit(&e, &url(&format!("http://h{i}.test/")))));
     }
-    assert!(e.map.lock().unwrap().len() <= 10);
+    assert!(e.map.lock().unwrap().endpoints.len() <= 10);
 }
 
 #[test]

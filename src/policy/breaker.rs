@@ -4,13 +4,19 @@
 //! endpoint and carries its answers out.
 //!
 //! - **Closed**: attempts go through. It opens after `failures`
-//!   consecutive failures (connect errors, timeouts, 5xx), or when at
-//!   least `ratio` of the attempts in a `window` failed, once that window
-//!   saw `min_requests`.
+//!   consecutive failures, or when at least `ratio` of the attempts in a
+//!   `window` failed, once that window saw `min_requests`. A failure says
+//!   the endpoint is *down or overloaded*: no answer (connection or TLS
+//!   error, timeout) or a 502, 503 or 504. A complete answer with any
+//!   other status (a quick 500, 404, 400) is the notification's outcome,
+//!   not the endpoint's: it follows its own retry schedule and never
+//!   opens the breaker.
 //! - **Open** for `open`, doubled each time a probe fails, up to
 //!   `max_open`: no attempt goes to the endpoint.
-//! - **Half-open**: up to `probes` attempts at once go through. A success
-//!   closes the breaker; a failure opens it again, for longer.
+//! - **Half-open**: up to `probes` attempts at once go through. A probe
+//!   proves the endpoint, not its notification: any answer that is not a
+//!   failure (a 500 or 404 too) closes the breaker; a failure opens it
+//!   again, for longer.
 //!
 //! Apart from the state, a 429, or a 503 with `Retry-After`, **pauses**
 //! the endpoint for that long (a 429 without one for [`DEFAULT_PAUSE`]):
@@ -66,10 +72,13 @@ impl BreakerPolicy {
 /// that is `classify`'s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {
-    /// It answered: any status but 5xx and 429 (a 404 is the receiver's
-    /// answer, not an outage).
+    /// It answered with a 1xx, 2xx or 3xx.
     Alive,
-    /// No answer (connect error, timeout, TLS) or a 5xx.
+    /// It answered with an application error: 4xx but 429, 5xx but
+    /// 502/503/504. The endpoint is up; only the notification failed.
+    AppError,
+    /// Down or overloaded: no answer (connect error, timeout, TLS), or a
+    /// 502, 503 (without `Retry-After`) or 504.
     Failure,
     /// 429, or 503 with `Retry-After`: come back after this long.
     Pause(Duration),
@@ -91,7 +100,10 @@ pub fn signal(result: &AttemptResult) -> Signal {
             retry_after: Some(ra),
             ..
         } => Signal::Pause(*ra),
-        AttemptResult::Response { status, .. } if *status >= 500 => Signal::Failure,
+        AttemptResult::Response {
+            status: 502..=504, ..
+        } => Signal::Failure,
+        AttemptResult::Response { status, .. } if *status >= 400 => Signal::AppError,
         AttemptResult::Response { .. } => Signal::Alive,
     }
 }
@@ -230,7 +242,8 @@ impl Breaker {
                 self.paused_until = Some(self.paused_until.map_or(until, |u| u.max(until)));
                 self.alive(now, p)
             }
-            Signal::Alive => self.alive(now, p),
+            // An answer, whatever its status: the endpoint is up.
+            Signal::Alive | Signal::AppError => self.alive(now, p),
             Signal::Failure if !p.enabled() => None,
             Signal::Failure => self.failure(now, p),
         }

@@ -30,12 +30,18 @@ fn signals_say_what_an_attempt_tells_about_the_endpoint() {
         error: "timeout".into(),
     };
     assert_eq!(signal(&failed), Signal::Failure);
-    assert_eq!(signal(&resp(500, None)), Signal::Failure);
-    assert_eq!(signal(&resp(503, None)), Signal::Failure);
+    // Down or overloaded: a gateway's answers for a dead upstream.
+    for down in [502, 503, 504] {
+        assert_eq!(signal(&resp(down, None)), Signal::Failure, "{down}");
+    }
+    // An application error is the endpoint answering: it is up.
+    for app in [400, 401, 404, 409, 410, 422, 500, 501, 505] {
+        assert_eq!(signal(&resp(app, None)), Signal::AppError, "{app}");
+    }
     assert_eq!(signal(&resp(503, Some(7))), Signal::Pause(secs(7.0)));
     assert_eq!(signal(&resp(429, Some(2))), Signal::Pause(secs(2.0)));
     assert_eq!(signal(&resp(429, None)), Signal::Pause(DEFAULT_PAUSE));
-    for alive in [200, 204, 302, 400, 404, 410] {
+    for alive in [200, 204, 302] {
         assert_eq!(signal(&resp(alive, None)), Signal::Alive, "{alive}");
     }
     let refused = AttemptResult::Refused { error: "x".into() };
@@ -255,4 +261,46 @@ fn attempts_that_started_before_it_opened_do_not_move_it() {
     // The real probe decides.
     let t = b.record(t1, &p, Signal::Alive, true, b.generation());
     assert_eq!(t, Some(Transition::Closed));
+}
+
+#[test]
+fn application_errors_never_open_it_and_reset_the_count() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    for i in 0..1000 {
+        let t = t0 + secs(f64::from(i) * 0.01);
+        assert_eq!(
+            b.record(t, &p, Signal::AppError, false, b.generation()),
+            None
+        );
+    }
+    assert_eq!(b.state(), State::Closed);
+    // Two failures short of opening, an application error in between:
+    // the count starts again.
+    for _ in 0..p.failures - 1 {
+        b.record(t0, &p, Signal::Failure, false, b.generation());
+    }
+    b.record(t0, &p, Signal::AppError, false, b.generation());
+    for _ in 0..p.failures - 1 {
+        assert_eq!(
+            b.record(t0, &p, Signal::Failure, false, b.generation()),
+            None
+        );
+    }
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[test]
+fn a_probe_answered_with_an_application_error_closes_it() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = opened(&p, t0);
+    let after = t0 + p.open + secs(0.1);
+    assert_eq!(b.gate(after, &p, true), Gate::Probe);
+    let t = b.record(after, &p, Signal::AppError, true, b.generation());
+    assert_eq!(
+        t,
+        Some(Transition::Closed),
+        "the endpoint answered: it is up"
+    );
+    assert_eq!(b.gate(after, &p, true), Gate::Pass);
 }

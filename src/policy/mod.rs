@@ -6,7 +6,8 @@
 //!   the retry state and the effective policy: ack, retry after a delay, or
 //!   dead-letter with a reason.
 //! - [`breaker`](Breaker) and [`rate`](Pacer): whether an *endpoint* may be
-//!   tried now (circuit breaker, `Retry-After` pauses, rate limits); the
+//!   tried now (circuit breaker, `Retry-After` pauses, rate limits), and
+//!   [`limit`](Limiter): how many attempts it has earned in flight; the
 //!   per-endpoint state lives in `crate::endpoint`.
 //!
 //! The worker carries the decision out; nothing else decides.
@@ -15,10 +16,12 @@ mod backoff;
 mod breaker;
 mod classify;
 mod decide;
+mod limit;
 mod rate;
 
 pub use backoff::*;
 pub use breaker::*;
 pub use classify::*;
 pub use decide::*;
+pub use limit::*;
 pub use rate::*;

@@ -113,6 +113,9 @@ pub const ENDPOINT_PARKED: &str = "redeliver_endpoint_parked";
 pub const ENDPOINT_DEFERRED: &str = "redeliver_endpoint_deferred_total";
 pub const ENDPOINT_BREAKER: &str = "redeliver_endpoint_breaker_state";
 pub const ENDPOINT_TRANSITIONS: &str = "redeliver_endpoint_breaker_transitions_total";
+pub const ENDPOINT_LIMIT: &str = "redeliver_endpoint_limit";
+pub const ENDPOINT_APP_ERRORS: &str = "redeliver_endpoint_app_error_ratio";
+pub const ACTIVE_ENDPOINTS: &str = "redeliver_endpoints_active";
 pub const PARKED: &str = "redeliver_parked";
 pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
 /// Distinct `endpoint` label values; the rest are counted as `other`.
@@ -182,6 +185,18 @@ fn describe_endpoint_metrics() {
     describe_counter!(
         ENDPOINT_TRANSITIONS,
         "Circuit breaker openings and closings, by endpoint"
+    );
+    describe_gauge!(
+        ENDPOINT_LIMIT,
+        "Attempts an endpoint may have in flight now: its adaptive limit, under the ceiling and its share"
+    );
+    describe_gauge!(
+        ENDPOINT_APP_ERRORS,
+        "Share of an endpoint's recent answers that were application errors (4xx but 429, 5xx but 502-504); gates nothing"
+    );
+    describe_gauge!(
+        ACTIVE_ENDPOINTS,
+        "Endpoints with deliveries in the last second, among which the slots are shared"
     );
     describe_gauge!(PARKED, "Deliveries parked in this worker (--max-parked)");
     describe_gauge!(ENDPOINTS, "Endpoints this worker tracks (--max-endpoints)");

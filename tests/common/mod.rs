@@ -151,6 +151,7 @@ pub mod cluster;
 pub mod dead_letters;
 pub mod delayed;
 pub mod harness;
+pub mod metrics;
 pub mod process;
 pub mod receiver;
 

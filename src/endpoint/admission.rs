@@ -1,0 +1,213 @@
+//! What becomes of a delivery before its attempt ([`Admission`]), and a
+//! delivery waiting for its endpoint: a [`Parked`] place in the
+//! endpoint's queue, in arrival order, holding one of the worker's
+//! parking places and no concurrency slot.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::pass::{self, Pass};
+use super::state::{rate_wait_at, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT};
+use crate::policy::Gate;
+use crate::telemetry;
+
+/// How often a parked delivery looks whether its endpoint stalled, even
+/// when no attempt ended.
+const STALL_CHECK: Duration = Duration::from_millis(100);
+
+/// What to do with a delivery before its attempt.
+pub enum Admission {
+    /// Attempt it now and report the result through the pass.
+    Go(Pass),
+    /// Give the concurrency slot back and [`Parked::wait`].
+    Park(Parked),
+    /// Republish it to come back after `wait` (at least; the worker adds
+    /// jitter and backoff, see [`defer_delay`]). No attempt is spent.
+    Defer { wait: Duration, reason: DeferReason },
+}
+
+/// The deferral for `wait` (see [`Endpoint::deferral`]).
+pub(super) fn defer(
+    ep: &Endpoint,
+    st: &mut State,
+    now: Instant,
+    wait: Duration,
+    reason: DeferReason,
+) -> Admission {
+    let (wait, reason) = ep.deferral(st, now, wait, reason);
+    Admission::Defer { wait, reason }
+}
+
+/// Lets the delivery go ([`pass::go`]), or defers it if the breaker says
+/// no after all.
+pub(super) fn go(ep: &Arc<Endpoint>, st: &mut State, now: Instant) -> Admission {
+    match pass::go(ep, st, now) {
+        Ok(p) => Admission::Go(p),
+        Err((wait, reason)) => Admission::Defer { wait, reason },
+    }
+}
+
+/// A delivery waiting for its endpoint, holding one of the worker's
+/// parking places (and no concurrency slot) until [`Parked::wait`] ends.
+pub struct Parked {
+    ep: Arc<Endpoint>,
+    _place: OwnedSemaphorePermit,
+    ticket: u64,
+    /// Still in the endpoint's queue.
+    queued: bool,
+    /// Let go by the endpoint (counted in its `reserved`), not attempted yet.
+    reserved: bool,
+}
+
+impl Parked {
+    pub(super) fn new(ep: Arc<Endpoint>, st: &mut State, place: OwnedSemaphorePermit) -> Self {
+        st.next_ticket += 1;
+        let ticket = st.next_ticket;
+        st.queue.push_back(ticket);
+        metrics::gauge!(telemetry::PARKED).increment(1.0);
+        metrics::gauge!(telemetry::ENDPOINT_PARKED, "endpoint" => ep.label.clone()).increment(1.0);
+        Parked {
+            ep,
+            _place: place,
+            ticket,
+            queued: true,
+            reserved: false,
+        }
+    }
+
+    /// Waits, in arrival order, until the endpoint has room, then for its
+    /// rate turn, then for a worker slot from `take_slot` (dropping what
+    /// it returns gives the slot back). The rate turn is taken only with
+    /// the slot in hand, so deliveries that waited for slots never start
+    /// together above the rate. Ends in `Go` with the slot, or in `Defer`
+    /// (without one) when the endpoint stalled or its wait grew too long
+    /// ([`Parked::gives_up`]), its breaker opened or paused it meanwhile,
+    /// or its rate turn is far.
+    pub async fn wait<S, F, Fut>(mut self, mut take_slot: F) -> (Admission, Option<S>)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = S>,
+    {
+        if let Err(deferred) = self.acquire().await {
+            return (deferred, None);
+        }
+        loop {
+            if let Err(deferred) = self.until_turn().await {
+                return (deferred, None);
+            }
+            let slot = take_slot().await;
+            let now = Instant::now();
+            let mut st = self.ep.state();
+            if !rate_wait_at(&self.ep, &st, now).is_zero() {
+                // Another delivery took this turn meanwhile.
+                continue;
+            }
+            st.reserved = st.reserved.saturating_sub(1);
+            self.reserved = false;
+            return (go(&self.ep, &mut st, now), Some(slot));
+        }
+    }
+
+    /// Waits until it is first in its endpoint's queue and the endpoint
+    /// has room, woken when an attempt ends and every [`STALL_CHECK`];
+    /// `Err` with the deferral when it gives up.
+    async fn acquire(&mut self) -> Result<(), Admission> {
+        let started = Instant::now();
+        let ep = self.ep.clone();
+        loop {
+            let freed = ep.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(done) = self.try_take(started) {
+                // The queue moved: the next one may look.
+                ep.freed.notify_waiters();
+                return done;
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep(STALL_CHECK) => {}
+            }
+        }
+    }
+
+    /// Takes the endpoint's room if it is this one's turn (`Ok`), gives up
+    /// (`Err`, the deferral), or neither (`None`: keep waiting).
+    fn try_take(&mut self, started: Instant) -> Option<Result<(), Admission>> {
+        let now = Instant::now();
+        let ep = self.ep.clone();
+        let mut st = ep.state();
+        ep.check(&mut st, now);
+        if st.queue.front() == Some(&self.ticket) && ep.has_room(&st) {
+            st.queue.pop_front();
+            st.reserved += 1;
+            (self.queued, self.reserved) = (false, true);
+            return Some(Ok(()));
+        }
+        let ahead = st.queue.iter().position(|t| *t == self.ticket).unwrap_or(0);
+        let estimate = ep.park_estimate(&st, now, ahead);
+        if !gives_up(&ep, &st, now, estimate, started) {
+            return None;
+        }
+        st.queue.retain(|t| *t != self.ticket);
+        self.queued = false;
+        let wait = estimate.max(PARK_WAIT);
+        Some(Err(defer(&ep, &mut st, now, wait, DeferReason::Busy)))
+    }
+
+    /// Sleeps until the endpoint's rate allows an attempt, if that is near
+    /// ([`PARK_WAIT`]); `Err` with the deferral otherwise, or when its
+    /// breaker is open or it is paused.
+    async fn until_turn(&self) -> Result<(), Admission> {
+        let wait = {
+            let now = Instant::now();
+            let mut st = self.ep.state();
+            let breaker = &self.ep.limits.breaker;
+            if let Gate::Wait(wait, why) = st.breaker.gate(now, breaker, false) {
+                return Err(defer(&self.ep, &mut st, now, wait, why.into()));
+            }
+            match rate_wait_at(&self.ep, &st, now) {
+                w if w > PARK_WAIT => {
+                    return Err(defer(&self.ep, &mut st, now, w, DeferReason::Rate))
+                }
+                w => w,
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a parked delivery stops waiting and is deferred: its endpoint
+/// makes no progress, its turn is further off than it may wait
+/// ([`Endpoint::park_bound`]), or, while other endpoints have work, it
+/// waited [`PARK_TIMEOUT`] already.
+fn gives_up(ep: &Endpoint, st: &State, now: Instant, estimate: Duration, since: Instant) -> bool {
+    let waited = now.saturating_duration_since(since);
+    ep.stalled(st, now)
+        || estimate > ep.park_bound()
+        || (ep.shares.contended() && waited >= PARK_TIMEOUT)
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        {
+            let mut st = self.ep.state();
+            if self.queued {
+                st.queue.retain(|t| *t != self.ticket);
+            }
+            if self.reserved {
+                st.reserved = st.reserved.saturating_sub(1);
+            }
+        }
+        if self.queued || self.reserved {
+            self.ep.freed.notify_waiters();
+        }
+        metrics::gauge!(telemetry::PARKED).decrement(1.0);
+        let label = self.ep.label.clone();
+        metrics::gauge!(telemetry::ENDPOINT_PARKED, "endpoint" => label).decrement(1.0);
+    }
+}

@@ -1,0 +1,186 @@
+use super::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One round trip with the endpoint full: `limit` attempts start at `*t`,
+/// all end `took` later with `signal(i)`. Returns the limit after it.
+fn round(
+    l: &mut Limiter,
+    t: &mut Instant,
+    took: Duration,
+    signal: impl Fn(usize) -> Signal,
+) -> usize {
+    let tickets: Vec<Ticket> = (0..l.limit()).map(|_| l.start(*t)).collect();
+    *t += took;
+    for (i, tk) in tickets.into_iter().enumerate() {
+        l.finish(*t, tk, took, signal(i));
+    }
+    l.limit()
+}
+
+fn alive(_: usize) -> Signal {
+    Signal::Alive
+}
+
+#[test]
+fn a_new_endpoint_starts_at_a_quarter_and_a_healthy_one_doubles_each_round_trip() {
+    assert_eq!(LimitPolicy::for_max(32).initial, 4);
+    assert_eq!(LimitPolicy::for_max(8).initial, 2);
+    assert_eq!(LimitPolicy::for_max(3).initial, 1);
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    assert_eq!(l.limit(), 4);
+    let seen: Vec<usize> = (0..4)
+        .map(|_| round(&mut l, &mut t, ms(2), alive))
+        .collect();
+    assert_eq!(seen[0], 8, "doubles in its first round trip");
+    for w in seen.windows(2) {
+        assert!(w[1] * 2 >= w[0] * 3 || w[1] == 32, "{seen:?}");
+    }
+    assert_eq!(seen[3], 32, "at max within four round trips: {seen:?}");
+    round(&mut l, &mut t, ms(2), alive);
+    assert_eq!(l.limit(), 32, "never above max");
+    // A 500 ms endpoint gets there within four round trips too.
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    let start = t;
+    while l.limit() < 32 {
+        round(&mut l, &mut t, ms(500), alive);
+    }
+    assert!(t - start <= ms(2000), "{:?}", t - start);
+}
+
+#[test]
+fn an_endpoint_that_does_not_use_its_limit_does_not_inflate_it() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..1000 {
+        let tk = l.start(t);
+        t += ms(1);
+        l.finish(t, tk, ms(1), Signal::Alive);
+    }
+    assert_eq!(
+        l.limit(),
+        4,
+        "one at a time never needs more than its start"
+    );
+}
+
+#[test]
+fn a_healthy_endpoint_that_turns_slow_falls_and_rises_again_when_it_recovers() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..20 {
+        round(&mut l, &mut t, ms(2), alive);
+    }
+    assert_eq!(l.limit(), 32);
+    // It turns slow: 2 ms → 400 ms. Each late round halves the limit.
+    let fell_from = t;
+    while l.limit() > 2 {
+        round(&mut l, &mut t, ms(400), alive);
+        assert!(
+            t - fell_from <= ms(2000),
+            "still {} after {:?}",
+            l.limit(),
+            t - fell_from
+        );
+    }
+    // It recovers: fast answers bring the baseline down at once and the
+    // limit doubles back up within a few round trips.
+    let rose_from = t;
+    while l.limit() < 32 {
+        round(&mut l, &mut t, ms(2), alive);
+    }
+    assert!(t - rose_from <= ms(200), "{:?}", t - rose_from);
+}
+
+#[test]
+fn an_endpoint_slow_for_good_earns_its_limit_back_at_its_new_pace() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..20 {
+        round(&mut l, &mut t, ms(2), alive);
+    }
+    for _ in 0..60 {
+        round(&mut l, &mut t, ms(300), alive);
+    }
+    assert!(l.baseline().unwrap() > ms(100), "{:?}", l.baseline());
+    assert_eq!(l.limit(), 32, "300 ms is its normal now");
+}
+
+#[test]
+fn a_hang_counts_while_in_flight_before_any_timeout() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..20 {
+        round(&mut l, &mut t, ms(2), alive);
+    }
+    assert_eq!(l.limit(), 32);
+    // It hangs: 8 attempts go out and nothing comes back.
+    let _hung: Vec<Ticket> = (0..8).map(|_| l.start(t)).collect();
+    t += ms(40);
+    l.check(t);
+    assert_eq!(l.limit(), 32, "not late yet (3 × 2 ms + 50 ms)");
+    t += ms(30);
+    l.check(t);
+    t += WINDOW;
+    l.check(t);
+    assert_eq!(l.limit(), 16, "halved within ~0.2 s, long before a timeout");
+    assert!(l.silent_for(t) >= ms(150));
+    // Their timeouts, later, are not counted twice.
+    let before = l.limit();
+    for tk in _hung {
+        l.finish(t + ms(10_000), tk, ms(10_000), Signal::Failure);
+    }
+    assert_eq!(l.limit(), before / 2, "only the window's close halves it");
+}
+
+#[test]
+fn an_endpoint_that_hangs_from_the_start_falls_to_one() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..3 {
+        round(&mut l, &mut t, ms(1000), |_| Signal::Failure);
+    }
+    assert_eq!(l.limit(), 1);
+    round(&mut l, &mut t, ms(1000), |_| Signal::Failure);
+    assert_eq!(l.limit(), 1, "never below one: a probe must still go");
+}
+
+#[test]
+fn a_flaky_endpoint_keeps_its_limit() {
+    // 30% fast 500s, 5% timeouts: an endpoint that is up.
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(16), t);
+    for r in 0..200 {
+        round(&mut l, &mut t, ms(2), |i| match (i + r) % 20 {
+            0 => Signal::Failure,
+            1..=6 => Signal::AppError,
+            _ => Signal::Alive,
+        });
+    }
+    assert_eq!(l.limit(), 16);
+}
+
+#[test]
+fn overload_answers_halve_it_and_unjudged_attempts_count_for_nothing() {
+    let mut t = Instant::now();
+    let mut l = Limiter::new(LimitPolicy::for_max(32), t);
+    for _ in 0..5 {
+        round(&mut l, &mut t, ms(2), alive);
+    }
+    assert_eq!(l.limit(), 32);
+    t += WINDOW;
+    round(&mut l, &mut t, ms(2), |_| Signal::Pause(ms(1000)));
+    t += WINDOW;
+    l.check(t);
+    assert_eq!(l.limit(), 16);
+    let tk = l.start(t);
+    l.abandon(tk);
+    t += WINDOW;
+    round(&mut l, &mut t, ms(2), |_| Signal::Nothing);
+    assert_eq!(l.limit(), 16);
+    assert_eq!(l.in_flight(), 0);
+}
