@@ -38,6 +38,7 @@ fn quick_bench_runs_every_phase() {
         "9 noisy neighbour",
         "10 cluster",
         "11 crash",
+        "12 flaky receiver",
     ] {
         let measured = figures
             .iter()

@@ -166,16 +166,13 @@ impl Bench {
             .with_context(|| format!("{}, settle {settle}", crash.label()))
     }
 
-    /// The worker's arguments: as in the retry phase, a 1 ms schedule and
-    /// no breaker (every first attempt fails by design), and `settle`; the
-    /// one endpoint may take the whole concurrency, so [`PACE`] sets the rate.
+    /// The worker's arguments: as in the retry phase, the default flags
+    /// (breaker included: a quick 500 never opens it), a 1 ms schedule and
+    /// `settle`; the one endpoint earns the whole concurrency, so [`PACE`]
+    /// sets the rate.
     fn crash_args(concurrency: usize, settle: &str) -> Vec<String> {
-        let mut args = Self::whole_concurrency_args(concurrency);
-        for (k, v) in [
-            ("--schedule", "1ms"),
-            ("--breaker-failures", "0"),
-            ("--retry-settle", settle),
-        ] {
+        let mut args = Self::concurrency_args(concurrency);
+        for (k, v) in [("--schedule", "1ms"), ("--retry-settle", settle)] {
             args.extend([k.to_string(), v.to_string()]);
         }
         args
@@ -308,7 +305,14 @@ mod tests {
         let args = Bench::crash_args(32, "2s").join(" ");
         assert!(args.contains("--retry-settle 2s"), "{args}");
         assert!(args.contains("--schedule 1ms"), "{args}");
-        assert!(args.contains("--breaker-failures 0"), "{args}");
+        assert!(
+            !args.contains("--breaker-failures"),
+            "the default breaker: {args}"
+        );
+        assert!(
+            !args.contains("--endpoint-concurrency"),
+            "the defaults: {args}"
+        );
     }
 
     fn per_id(counts: &[(u32, u32)]) -> HashMap<String, PerId> {

@@ -7,10 +7,12 @@
 //! embedded sink (`sink.rs`) is the receiver; `load.rs` puts messages on the
 //! broker; `procs.rs` runs and measures worker processes; `phases.rs` holds
 //! the phases; `report.rs` prints the table and the JSON. `crash.rs`
-//! counts the duplicates a worker kill or a broker restart causes.
+//! counts the duplicates a worker kill or a broker restart causes;
+//! `noisy.rs` and `flaky.rs` measure per-endpoint isolation.
 
 mod cluster;
 mod crash;
+mod flaky;
 mod ideal;
 mod load;
 mod noisy;

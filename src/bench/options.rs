@@ -36,10 +36,13 @@ pub enum Phase {
     ///     or the broker restarts during the retry path, with and without
     ///     the retry settle.
     Crash,
+    /// 12. A flaky single receiver (30% 500s, 5% hangs past the timeout)
+    ///     drained by three workers, with and without isolation.
+    Flaky,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 11] = [
+    pub const ALL: [Phase; 12] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -51,6 +54,7 @@ impl Phase {
         Phase::Noisy,
         Phase::Cluster,
         Phase::Crash,
+        Phase::Flaky,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +70,7 @@ impl Phase {
             Phase::Noisy => "9 noisy neighbour",
             Phase::Cluster => "10 cluster",
             Phase::Crash => "11 crash",
+            Phase::Flaky => "12 flaky receiver",
         }
     }
 }
@@ -117,6 +122,8 @@ pub struct Sizes {
     /// Notifications of each crash run: enough for the retry traffic to be
     /// flowing when the crash comes, few enough for a run of seconds.
     pub crash_n: usize,
+    /// Notifications of each flaky-receiver run.
+    pub flaky_n: usize,
 }
 
 impl Sizes {
@@ -140,6 +147,7 @@ impl Sizes {
             horizontal_latency: Duration::from_millis(20),
             noisy_n: if q { 500 } else { n },
             crash_n: (n / 2).clamp(1, if q { 300 } else { 5_000 }),
+            flaky_n: if q { 300 } else { 5_000 },
         }
     }
 }

@@ -70,6 +70,7 @@ impl Bench {
             Phase::Noisy => self.noisy_neighbour().await,
             Phase::Cluster => self.cluster().await,
             Phase::Crash => self.crash().await,
+            Phase::Flaky => self.flaky().await,
         }
     }
 
@@ -146,15 +147,6 @@ impl Bench {
 
     pub(super) fn concurrency_args(c: usize) -> Vec<String> {
         vec!["--concurrency".into(), c.to_string()]
-    }
-
-    /// `--concurrency c` with one endpoint allowed all of it: the memory
-    /// and horizontal phases measure the worker's slots, not the
-    /// per-endpoint cap (a quarter by default) of their single receiver.
-    pub(super) fn whole_concurrency_args(c: usize) -> Vec<String> {
-        let mut args = Self::concurrency_args(c);
-        args.extend(["--endpoint-concurrency".into(), c.to_string()]);
-        args
     }
 
     /// Preloads `n` notifications under a fresh prefix, drains them with
@@ -290,14 +282,19 @@ impl Bench {
         Ok(())
     }
 
+    /// On the default flags, per-endpoint isolation included, and once
+    /// more with `--isolation off`, alternating, two runs each: what
+    /// isolation costs the one-receiver deployment (target: nothing).
     async fn end_to_end(&mut self) -> anyhow::Result<()> {
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
         self.sink.reset(Mode::default());
-        // One receiver gets all of the concurrency, as in the ideal worker:
-        // this measures the worker, not the per-endpoint cap (a quarter of
-        // it by default), which exists for many receivers.
-        let args = Self::whole_concurrency_args(c);
+        let args = Self::concurrency_args(c);
+        let mut off_args = args.clone();
+        off_args.extend(["--isolation".into(), "off".into()]);
         let (usage, seen) = self.preload_and_drain("e2e", n, 1, &args).await?;
+        let (_, off1) = self.preload_and_drain("e2e-off", n, 1, &off_args).await?;
+        let (_, on2) = self.preload_and_drain("e2e", n, 1, &args).await?;
+        let (_, off2) = self.preload_and_drain("e2e-off", n, 1, &off_args).await?;
         let rate = seen.rate();
         let p = Phase::E2e;
         self.push(
@@ -306,6 +303,16 @@ impl Bench {
             Some(rate),
             "msg/s",
         );
+        let on = (rate + on2.rate()) / 2.0;
+        let off = (off1.rate() + off2.rate()) / 2.0;
+        self.push(
+            p,
+            "deliveries, --isolation off (mean of 2)",
+            Some(off),
+            "msg/s",
+        );
+        let name = "isolation on ÷ off (means of 2 alternating runs)";
+        self.push_target(p, name, Some(on / off), "x", "≥ 0.97", |r| r >= 0.97);
         let ceiling = match (&self.ceiling, self.sink_per_s) {
             (Some(b), Some(s)) => Some(b.drain_per_s.min(s)),
             _ => None,
@@ -336,30 +343,44 @@ impl Bench {
         self.ideal_worker(rate).await
     }
 
-    /// The ideal retry loop first, then the real worker twice: with
-    /// `--retry-settle 2s` (the safe path for the upstream plugin, and its
-    /// default) and with `0s` (the cascade's default), to show what the
-    /// settle costs. The targets apply to the backend's default.
+    /// The ideal retry loop first, then the real worker on the default
+    /// flags: with `--retry-settle 2s` (the safe path for the upstream
+    /// plugin, and its default) and with `0s` (the cascade's default), to
+    /// show what the settle costs; then with `--breaker-failures 0` at the
+    /// backend's default settle, to show the breaker costs a receiver that
+    /// fails every first attempt nothing. The targets apply to the
+    /// backend's default.
     async fn retry_path(&mut self) -> anyhow::Result<()> {
         let p = Phase::Retry;
         let n = self.sizes.retry_n;
         let ideal = self.ideal_retry(n).await?;
         let plugin = self.opts.broker.delay == crate::config::DelayBackend::Plugin;
         // Explicit: 2 s is the plugin backend's default, not the cascade's.
-        let (settled, rss) = self.retry_run(n, Some("2s")).await?;
+        let (settled, rss) = self.retry_run(n, &["--retry-settle", "2s"]).await?;
         let name = "successes, --retry-settle 2s (the plugin's default)";
         self.push(p, name, Some(settled), "msg/s");
         // Held originals keep only their ackers: memory stays flat.
         let rss = Some(rss).filter(|r| r.is_finite());
         self.push(p, "worker peak RSS, settle 2s", rss, "MiB");
         self.retry_ratios("settle 2s", settled, ideal, plugin);
-        let (off, _) = self.retry_run(n, Some("0s")).await?;
+        let (off, _) = self.retry_run(n, &["--retry-settle", "0s"]).await?;
         self.push(p, "successes, --retry-settle 0s", Some(off), "msg/s");
         self.retry_ratios("settle 0s", off, ideal, !plugin);
         // What the settle costs in rate: held originals must not take the
         // prefetch from deliveries waiting for an attempt.
         let name = "settle 2s ÷ settle 0s";
         self.push_target(p, name, Some(settled / off), "x", "≥ 0.80", |r| r >= 0.80);
+        let (no_breaker, _) = self.retry_run(n, &["--breaker-failures", "0"]).await?;
+        let default = if plugin { settled } else { off };
+        self.push(
+            p,
+            "successes, --breaker-failures 0",
+            Some(no_breaker),
+            "msg/s",
+        );
+        let name = "default breaker ÷ --breaker-failures 0";
+        let ratio = Some(default / no_breaker);
+        self.push_target(p, name, ratio, "x", "≥ 0.95", |r| r >= 0.95);
         Ok(())
     }
 
@@ -380,22 +401,19 @@ impl Bench {
         }
     }
 
-    /// `n` notifications that each fail once (a 1 ms schedule), then
-    /// succeed; returns successes per second from the first attempt.
-    async fn retry_run(&mut self, n: usize, settle: Option<&str>) -> anyhow::Result<(f64, f64)> {
+    /// `n` notifications that each fail once (a quick 500, then a 1 ms
+    /// schedule), then succeed, on the default flags plus `extra`; returns
+    /// successes per second from the first attempt, and the worker's peak
+    /// RSS.
+    async fn retry_run(&mut self, n: usize, extra: &[&str]) -> anyhow::Result<(f64, f64)> {
         let c = self.sizes.concurrency;
         self.sink.reset(Mode {
             fail_first: true,
             ..Mode::default()
         });
-        let mut args = Self::whole_concurrency_args(c);
+        let mut args = Self::concurrency_args(c);
         args.extend(["--schedule".to_string(), "1ms".to_string()]);
-        // Every first attempt fails by design: this measures the retry
-        // path, not an endpoint's breaker (which would open on it).
-        args.extend(["--breaker-failures".to_string(), "0".to_string()]);
-        if let Some(s) = settle {
-            args.extend(["--retry-settle".to_string(), s.to_string()]);
-        }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let (usage, seen) = self.preload_and_drain("retry", n, 1, &args).await?;
         anyhow::ensure!(
             seen.failed == n as u64,

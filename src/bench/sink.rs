@@ -25,7 +25,17 @@ pub struct Mode {
     /// Count requests per notification (the `webhook-id` header), for the
     /// crash phase's duplicates; off elsewhere, as it takes a lock.
     pub per_id: bool,
+    /// Answer 500 to [`FLAKY_ERRORS`] of requests, and hang for
+    /// [`FLAKY_HANG`] (then 500) on [`FLAKY_HANGS`] of them.
+    pub flaky: bool,
 }
+
+/// The share of requests a flaky sink answers 500 at once.
+pub const FLAKY_ERRORS: f64 = 0.30;
+/// The share it hangs on, past a 1 s timeout.
+pub const FLAKY_HANGS: f64 = 0.05;
+/// How long a hang lasts.
+pub const FLAKY_HANG: Duration = Duration::from_secs(3);
 
 /// Requests one notification received, when the sink counts per id.
 #[derive(Clone, Copy, Debug, Default)]
@@ -42,6 +52,7 @@ struct Shared {
     latency_us: AtomicU64,
     measure: AtomicBool,
     per_id: AtomicBool,
+    flaky: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
     /// Microseconds since the epoch of the first request (any answer) and
@@ -108,6 +119,7 @@ impl Sink {
             .store(mode.latency.as_micros() as u64, Ordering::SeqCst);
         s.measure.store(mode.measure, Ordering::SeqCst);
         s.per_id.store(mode.per_id, Ordering::SeqCst);
+        s.flaky.store(mode.flaky, Ordering::SeqCst);
         for c in [&s.ok, &s.failed, &s.first_us, &s.last_us, &s.ids_ok] {
             c.store(0, Ordering::SeqCst);
         }
@@ -196,6 +208,10 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
         s.failed.fetch_add(1, Ordering::Relaxed);
         return StatusCode::INTERNAL_SERVER_ERROR;
     }
+    if s.flaky.load(Ordering::Relaxed) && flaky_fails().await {
+        s.failed.fetch_add(1, Ordering::Relaxed);
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
     let now = now_us();
     if s.measure.load(Ordering::Relaxed) {
         if let Ok(p) = serde_json::from_slice::<Probe>(&body) {
@@ -207,6 +223,16 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     s.last_us.fetch_max(now, Ordering::SeqCst);
     s.ok.fetch_add(1, Ordering::SeqCst);
     StatusCode::OK
+}
+
+/// Whether a flaky sink fails this request: a 500 for [`FLAKY_ERRORS`] of
+/// them, and for [`FLAKY_HANGS`] a 500 after [`FLAKY_HANG`].
+async fn flaky_fails() -> bool {
+    let u: f64 = rand::random();
+    if u < FLAKY_HANGS {
+        tokio::time::sleep(FLAKY_HANG).await;
+    }
+    u < FLAKY_HANGS + FLAKY_ERRORS
 }
 
 /// Counts one request against its `webhook-id`, before it is answered:

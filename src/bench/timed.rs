@@ -350,7 +350,7 @@ impl Bench {
             let items = self.items(top_up, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
             load::preload(&self.conn, &self.opts.broker, prefix, items).await?;
             self.sink.reset(Mode::default());
-            let args = Self::whole_concurrency_args(c);
+            let args = Self::concurrency_args(c);
             let worker = self.spawner.spawn(prefix, &args, false)?;
             let _ = self
                 .sink
@@ -380,7 +380,7 @@ impl Bench {
                 latency,
                 ..Mode::default()
             });
-            let args = Self::whole_concurrency_args(c);
+            let args = Self::concurrency_args(c);
             let (_, seen) = self
                 .preload_and_drain("horizontal", n, workers, &args)
                 .await?;

@@ -206,7 +206,7 @@ pub struct DlqExportArgs {
 #[derive(Debug, Args, Clone)]
 #[command(
     after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy, \
-cluster, crash (all by default). Workers run as `redeliver run` processes of this executable. \
+cluster, crash, flaky (all by default). Workers run as `redeliver run` processes of this executable. \
 Against the local test node unless --amqp-url is given; the cluster phase against \
 --cluster-url, or else the local three-node test cluster, started for it and stopped \
 after. The crash phase restarts the broker only when it is the local test node \

@@ -83,7 +83,7 @@ impl Parked {
     /// the slot in hand, so deliveries that waited for slots never start
     /// together above the rate. Ends in `Go` with the slot, or in `Defer`
     /// (without one) when the endpoint stalled or its wait grew too long
-    /// ([`Parked::gives_up`]), its breaker opened or paused it meanwhile,
+    /// ([`gives_up`]), its breaker opened or paused it meanwhile,
     /// or its rate turn is far.
     pub async fn wait<S, F, Fut>(mut self, mut take_slot: F) -> (Admission, Option<S>)
     where

@@ -231,9 +231,10 @@ fn recount(reg: &mut Registry, now: Instant) {
 /// A delivery that cannot go now parks, in order, when its wait is short
 /// enough ([`Endpoint::park_bound`]: long alone, short while others have
 /// work); it is deferred when the endpoint makes no progress, when the
-/// wait is longer, or, while others have work, when the endpoint never
-/// answered and already has a round of deliveries waiting (it may be
-/// hanging: its deliveries must not fill the parking places).
+/// wait is longer, or, while others have work, when the endpoint is in
+/// doubt (it never answered, or has attempts stuck in flight: it may be
+/// hanging) and already has a round of deliveries waiting: its
+/// deliveries must not fill the parking places the others need.
 fn park_or_defer(
     ep: &Arc<Endpoint>,
     st: &mut State,
@@ -247,9 +248,9 @@ fn park_or_defer(
         true => DeferReason::Rate,
         false => DeferReason::Busy,
     };
-    let unproven =
-        ep.shares.contended() && st.limiter.baseline().is_none() && ahead >= ep.allowed(st);
-    if ep.stalled(st, now) || unproven || estimate > ep.park_bound() {
+    let doubtful = st.limiter.baseline().is_none() || st.limiter.stuck() > 0;
+    let hold_back = ep.shares.contended() && doubtful && ahead >= ep.allowed(st);
+    if ep.stalled(st, now) || hold_back || estimate > ep.park_bound() {
         return admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason);
     }
     match place {

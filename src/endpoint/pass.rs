@@ -126,8 +126,12 @@ fn app_errors(ep: &Endpoint, st: &mut State, signal: Signal) {
         _ => return,
     };
     st.app_errors += (x - st.app_errors) * APP_ERROR_WEIGHT;
-    let label = ep.label.clone();
-    metrics::gauge!(telemetry::ENDPOINT_APP_ERRORS, "endpoint" => label).set(st.app_errors);
+    // Written when it moved by a point: no gauge write per healthy answer.
+    if (st.app_errors - st.shown_app_errors).abs() >= 0.01 {
+        st.shown_app_errors = st.app_errors;
+        let label = ep.label.clone();
+        metrics::gauge!(telemetry::ENDPOINT_APP_ERRORS, "endpoint" => label).set(st.app_errors);
+    }
 }
 
 /// One log line and the metrics for a breaker that opened or closed.

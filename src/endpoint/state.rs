@@ -133,8 +133,10 @@ pub(super) struct State {
     pub(super) deferred_until: Option<Instant>,
     /// The limit last shown on its gauge.
     pub(super) shown_limit: usize,
-    /// Moving share of answers that were application errors.
+    /// Moving share of answers that were application errors, and the
+    /// value last shown on its gauge.
     pub(super) app_errors: f64,
+    pub(super) shown_app_errors: f64,
 }
 
 impl Endpoint {
@@ -159,6 +161,7 @@ impl Endpoint {
             deferred_until: None,
             shown_limit: 0,
             app_errors: 0.0,
+            shown_app_errors: 0.0,
         };
         let ep = Endpoint {
             key,

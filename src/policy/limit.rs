@@ -9,14 +9,20 @@
 //!   least half its limit (so it doubles every round trip, TCP's slow
 //!   start), up to `max`. An endpoint that does not use its limit does
 //!   not inflate it.
-//! - **Halve** (not below 1) at the end of a window in which more than a
-//!   quarter of the attempts were bad: no answer (timeout, connection or
-//!   TLS error), an overload answer (502/503/504, 429), an answer later
-//!   than [`Limiter::late_after`], or an attempt *still in flight* past
-//!   that threshold ([`Limiter::check`], counted once); and at the end of
-//!   any window without a single answer while attempts are stuck. So a
-//!   hang is seen within a few round trips, not when its timeout ends: a
-//!   slot held by a hung request cannot be taken back.
+//! - **Halve** (not below 1) when more than a quarter of a round of
+//!   attempts (the next `limit` attempts started, between [`MIN_SAMPLES`]
+//!   and [`ROUND_SAMPLES`]) were bad, judged once all of them are: no answer (timeout, connection or TLS error), an overload
+//!   answer (502/503/504, 429), an answer later than
+//!   [`Limiter::late_after`], or an attempt *still in flight* past that
+//!   threshold ([`Limiter::check`], counted once). So a hang is seen within
+//!   a few round trips, not when its timeout ends: a slot held by a hung
+//!   request cannot be taken back. Rounds follow each other without
+//!   overlap: one cut per round at most, as TCP cuts once per window.
+//! - Rounds go by *start order*, not by when samples arrive: a flaky
+//!   endpoint whose occasional hangs hold most slots answers in bursts,
+//!   and its hangs are judged late exactly while its good answers are
+//!   starved by them. Counted as they arrive, 5% of hangs look like a
+//!   trend; counted with the attempts they started among, they are 5%.
 //! - **Baseline**: the endpoint's usual latency, an average over time
 //!   that follows faster answers within a fraction of a second
 //!   ([`BASELINE_FALL`]) and slower ones over seconds ([`BASELINE_RISE`]).
@@ -26,7 +32,7 @@
 //! A fast application error (a quick 500 or 404) is an answer: the
 //! endpoint is up. It counts like any other timely answer here.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::breaker::Signal;
@@ -37,12 +43,12 @@ pub const LATE_FACTOR: u32 = 3;
 /// Absolute slack on the late threshold, so a fast endpoint's (1 ms)
 /// scheduling noise on a busy machine is not mistaken for a slow-down.
 pub const LATE_SLACK: Duration = Duration::from_millis(50);
-/// The shortest window over which the share of bad attempts is judged;
-/// a window is at least two baselines long, so a slow endpoint's window
-/// sees its answers.
-pub const WINDOW: Duration = Duration::from_millis(100);
-/// A window with more than this share of bad attempts halves the limit.
+/// A round of samples with more than this share bad halves the limit.
 pub const BAD_SHARE: f64 = 0.25;
+/// The fewest samples a round is judged on.
+pub const MIN_SAMPLES: usize = 4;
+/// The most samples a round holds (a round of a large limit).
+pub const ROUND_SAMPLES: usize = 20;
 /// The baseline's time constant towards slower answers: a slow-down is
 /// late for a few seconds before it becomes the endpoint's normal.
 pub const BASELINE_RISE: Duration = Duration::from_secs(10);
@@ -76,24 +82,16 @@ impl LimitPolicy {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Ticket(u64);
 
+/// A round of attempts: the tickets from `first`, up to `size` of them.
 #[derive(Clone, Copy, Debug)]
-struct Window {
-    start: Instant,
-    good: u32,
-    bad: u32,
-    /// Every answer, timely or late.
-    answers: u32,
-}
-
-impl Window {
-    fn new(start: Instant) -> Self {
-        Window {
-            start,
-            good: 0,
-            bad: 0,
-            answers: 0,
-        }
-    }
+struct Round {
+    first: u64,
+    size: usize,
+    members: usize,
+    /// Members whose outcome is known (or that said nothing).
+    resolved: usize,
+    samples: usize,
+    bad: usize,
 }
 
 /// One endpoint's adaptive limit; see the module's doc.
@@ -104,14 +102,17 @@ pub struct Limiter {
     baseline: Option<Duration>,
     /// When the baseline last learned.
     learned: Instant,
-    /// Attempts in flight not yet judged late, by start (= ticket) order,
-    /// with the attempts in flight when each started (itself included).
-    fresh: BTreeMap<u64, (Instant, usize)>,
+    /// Attempts in flight not yet judged late, in start (= ticket) order:
+    /// ticket, start, and the attempts in flight when it started (itself
+    /// included). Sorted, so found by binary search; a deque, so no
+    /// allocation per attempt.
+    fresh: VecDeque<(u64, Instant, usize)>,
     in_flight: usize,
     /// Attempts in flight judged late.
     stuck: usize,
     next: u64,
-    window: Window,
+    /// Rounds of attempts by start order, oldest first, not yet judged.
+    rounds: VecDeque<Round>,
     /// The last answer, or when the endpoint went from idle to busy.
     progress: Instant,
 }
@@ -124,11 +125,11 @@ impl Limiter {
             max,
             baseline: None,
             learned: now,
-            fresh: BTreeMap::new(),
+            fresh: VecDeque::new(),
             in_flight: 0,
             stuck: 0,
             next: 0,
-            window: Window::new(now),
+            rounds: VecDeque::new(),
             progress: now,
         }
     }
@@ -140,6 +141,11 @@ impl Limiter {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Attempts in flight now that were judged late.
+    pub fn stuck(&self) -> usize {
+        self.stuck
     }
 
     /// The endpoint's usual latency, once it answered.
@@ -169,21 +175,27 @@ impl Limiter {
         }
         self.in_flight += 1;
         self.next += 1;
-        self.fresh.insert(self.next, (now, self.in_flight));
+        self.fresh.push_back((self.next, now, self.in_flight));
+        self.join_round(self.next);
         Ticket(self.next)
     }
 
     /// An attempt ended without saying anything about the endpoint
     /// (shutdown, or an address the worker refused).
     pub fn abandon(&mut self, t: Ticket) {
-        self.end(&t);
+        if self.end(&t).is_some() {
+            self.resolve(t.0, None);
+        }
     }
 
     /// Takes the attempt out of flight: its load when it started, or
     /// `None` if it had been judged late (and counted) already.
     fn end(&mut self, t: &Ticket) -> Option<usize> {
         self.in_flight = self.in_flight.saturating_sub(1);
-        let fresh = self.fresh.remove(&t.0).map(|(_, load)| load);
+        let fresh = match self.fresh.binary_search_by_key(&t.0, |f| f.0) {
+            Ok(i) => self.fresh.remove(i).map(|(_, _, load)| load),
+            Err(_) => None,
+        };
         if fresh.is_none() {
             self.stuck = self.stuck.saturating_sub(1);
         }
@@ -197,48 +209,44 @@ impl Limiter {
         // `None`: judged late while in flight, and counted then.
         let load = self.end(&t);
         match (signal, load) {
-            (Signal::Nothing, _) => {}
-            (Signal::Failure | Signal::Pause(_), Some(_)) => self.window.bad += 1,
+            (Signal::Nothing, Some(_)) => self.resolve(t.0, None),
+            (Signal::Nothing, None) => {}
+            (Signal::Failure | Signal::Pause(_), Some(_)) => self.resolve(t.0, Some(true)),
             (Signal::Failure | Signal::Pause(_), None) => {}
-            (Signal::Alive | Signal::AppError, load) => self.answered(now, took, load),
+            (Signal::Alive | Signal::AppError, load) => self.answered(now, t.0, took, load),
         }
-        self.roll(now);
         self.limit() != before
     }
 
     /// Counts every attempt still in flight past [`Limiter::late_after`]
-    /// as bad, once, and closes the window if it is over. Returns whether
-    /// the limit changed.
+    /// as a bad sample, once. Returns whether the limit changed.
     pub fn check(&mut self, now: Instant) -> bool {
         let before = self.limit();
         if let Some(late) = self.late_after() {
-            while let Some((&id, &(at, _))) = self.fresh.first_key_value() {
+            while let Some(&(id, at, _)) = self.fresh.front() {
                 if now.saturating_duration_since(at) <= late {
                     break;
                 }
-                self.fresh.remove(&id);
+                self.fresh.pop_front();
                 self.stuck += 1;
-                self.window.bad += 1;
+                self.resolve(id, Some(true));
             }
         }
-        self.roll(now);
         self.limit() != before
     }
 
     /// A complete answer: progress, and a lesson for the baseline; timely,
     /// it is good and may grow the limit. `load`: the attempts in flight
     /// when it started, `None` if it was judged late (and counted) then.
-    fn answered(&mut self, now: Instant, took: Duration, load: Option<usize>) {
+    fn answered(&mut self, now: Instant, id: u64, took: Duration, load: Option<usize>) {
         self.progress = now;
-        self.window.answers += 1;
         let late = self.late_after().is_some_and(|l| took > l);
         self.learn(now, took);
         let Some(load) = load else { return };
+        self.resolve(id, Some(late));
         if late {
-            self.window.bad += 1;
             return;
         }
-        self.window.good += 1;
         // Only an endpoint that used its limit earns more: as many in
         // flight when this one started, or when it ended (itself included).
         if load.max(self.in_flight + 1) as f64 >= self.limit / 2.0 {
@@ -267,22 +275,43 @@ impl Limiter {
         });
     }
 
-    /// Ends the window once it is over: more than [`BAD_SHARE`] bad
-    /// halves the limit.
-    fn roll(&mut self, now: Instant) {
-        let len = WINDOW.max(self.baseline.unwrap_or_default() * 2);
-        if now.saturating_duration_since(self.window.start) < len {
+    /// Puts attempt `id` in the open round, or opens one (sized by the
+    /// limit now) when the last is full.
+    fn join_round(&mut self, id: u64) {
+        match self.rounds.back_mut() {
+            Some(r) if r.members < r.size => r.members += 1,
+            _ => self.rounds.push_back(Round {
+                first: id,
+                size: (self.limit as usize).clamp(MIN_SAMPLES, ROUND_SAMPLES),
+                members: 1,
+                resolved: 0,
+                samples: 0,
+                bad: 0,
+            }),
+        }
+    }
+
+    /// Records attempt `id`'s outcome in its round (`Some(true)`: bad;
+    /// `None`: it said nothing), and judges the round once full and
+    /// resolved: more than [`BAD_SHARE`] bad halves the limit.
+    fn resolve(&mut self, id: u64, bad: Option<bool>) {
+        let i = self.rounds.partition_point(|r| r.first <= id);
+        let Some(r) = i.checked_sub(1).and_then(|i| self.rounds.get_mut(i)) else {
+            return;
+        };
+        r.resolved += 1;
+        if let Some(b) = bad {
+            r.samples += 1;
+            r.bad += usize::from(b);
+        }
+        if r.members < r.size || r.resolved < r.members {
             return;
         }
-        let Window {
-            good, bad, answers, ..
-        } = self.window;
-        let mostly_bad = bad > 0 && f64::from(bad) > BAD_SHARE * f64::from(good + bad);
-        let silent = answers == 0 && self.stuck > 0;
-        if mostly_bad || silent {
+        let r = *r;
+        self.rounds.remove(i - 1);
+        if r.bad as f64 > BAD_SHARE * r.samples as f64 {
             self.limit = (self.limit / 2.0).max(1.0);
         }
-        self.window = Window::new(now);
     }
 }
 

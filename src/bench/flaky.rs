@@ -1,0 +1,55 @@
+//! Phase 12, a flaky single receiver: it answers 500 to 30% of requests
+//! and hangs past the worker's 1 s timeout on 5% (a receiver that is up,
+//! with a bad dependency). Three `redeliver run` workers on the default
+//! flags drain a backlog, and again with `--isolation off`, in the same
+//! run; the figure is the settle time (first request to last success)
+//! with isolation over without. Isolation must not treat a flaky
+//! receiver as a dead one: its 500s are the notifications' outcomes, and
+//! a 5% share of hangs neither opens the breaker nor shrinks its limit.
+
+use super::options::Phase;
+use super::phases::Bench;
+use super::sink::Mode;
+
+/// The arguments both runs share: a 1 s timeout, a short retry schedule
+/// and attempts enough for every notification to succeed.
+const ARGS: [&str; 6] = [
+    "--timeout",
+    "1s",
+    "--schedule",
+    "100ms",
+    "--max-attempts",
+    "100",
+];
+
+/// Workers draining the backlog.
+const WORKERS: usize = 3;
+
+impl Bench {
+    pub(super) async fn flaky(&mut self) -> anyhow::Result<()> {
+        let p = Phase::Flaky;
+        let n = self.sizes.flaky_n;
+        let on = self.flaky_run(n, &[]).await?;
+        let off = self.flaky_run(n, &["--isolation", "off"]).await?;
+        let name = format!("{n} notifications, {WORKERS} workers: settle time, default flags");
+        self.push(p, name, Some(on), "s");
+        self.push(p, "settle time, --isolation off", Some(off), "s");
+        let name = "settle time, isolation on ÷ off";
+        self.push_target(p, name, Some(on / off), "x", "≤ 1.10", |r| r <= 1.10);
+        Ok(())
+    }
+
+    /// Drains `n` notifications to the flaky sink with [`WORKERS`]
+    /// workers; returns the seconds from the first request to the last
+    /// success.
+    async fn flaky_run(&mut self, n: usize, extra: &[&str]) -> anyhow::Result<f64> {
+        self.sink.reset(Mode {
+            flaky: true,
+            ..Mode::default()
+        });
+        let mut args = Self::concurrency_args(self.sizes.concurrency);
+        args.extend(ARGS.iter().chain(extra).map(|a| a.to_string()));
+        let (_, seen) = self.preload_and_drain("flaky", n, WORKERS, &args).await?;
+        Ok(seen.span_s)
+    }
+}
