@@ -14,9 +14,10 @@
 //! before it confirms, so there is no confirm window to cover; the settle
 //! is tested in `tests/reliability.rs`) and `--prefetch 16`, so each
 //! worker's unacked messages, and the duplicates a crash can cause, are
-//! bounded by 16. The first three give every worker one endpoint cap of
-//! 16 (their receiver is the whole load); the hanging-endpoint scenario
-//! runs per-endpoint isolation with a cap of 4 and parking places.
+//! bounded by 16. All run the default per-endpoint isolation (adaptive
+//! limits); the first three give their one receiver a ceiling of 16 (the
+//! whole worker), the hanging-endpoint scenario a ceiling of 4 and
+//! parking places.
 
 mod common;
 
@@ -251,10 +252,10 @@ async fn chaos_receiver_outage() {
 
 /// Scenario 4: a second endpoint takes 10% more notifications and hangs
 /// past the timeout for its first 15 s, then recovers, while a worker is
-/// SIGKILLed every 3 s. Per-endpoint isolation is on (a cap of 4 of 16,
-/// 32 parking places): deliveries to the hanging endpoint are parked,
+/// SIGKILLed every 3 s. Per-endpoint isolation is on (a ceiling of 4 of
+/// 16, 32 parking places): deliveries to the hanging endpoint are parked,
 /// deferred, and held back by its breaker; none may be lost, the kills
-/// included, and it never sees more than its cap per worker.
+/// included, and it never sees more than its ceiling per worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_hanging_endpoint() {
     let _one = ONE_AT_A_TIME.lock().await;

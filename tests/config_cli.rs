@@ -234,3 +234,33 @@ fn retry_settle_defaults_by_delay_backend() {
     let explicit = [&cascade[..], &["--retry-settle", "1s"]].concat();
     assert_eq!(settle(&explicit), Duration::from_secs(1));
 }
+
+/// `--isolation` takes `on` or `off`, from a flag, the environment or the
+/// file, and refuses anything else with the accepted values.
+#[test]
+fn isolation_takes_on_or_off() {
+    let f = file("[run]\nisolation = \"off\"\n");
+    let o = redeliver(&["--config", f.path(), "config", "show"], &[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("isolation = \"off\"  # file, line 2"), "{out}");
+    let o = redeliver(&["config", "show"], &[("REDELIVER_ISOLATION", "off")]);
+    assert!(
+        text(&o).0.contains("isolation = \"off\"  # env"),
+        "{}",
+        text(&o).0
+    );
+    let o = redeliver(&["config", "show"], &[]);
+    assert!(
+        text(&o).0.contains("isolation = \"on\"  # default"),
+        "{}",
+        text(&o).0
+    );
+    let o = redeliver(&["run", "--isolation", "maybe"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).1.contains("expected `on` or `off`"),
+        "{}",
+        text(&o).1
+    );
+}

@@ -169,6 +169,18 @@ impl Bench {
         Ok((drained?, self.sink.seen()))
     }
 
+    /// [`Self::preload_and_drain`] with one worker, the sink's counters
+    /// cleared first.
+    async fn fresh_drain(
+        &self,
+        phase: &str,
+        n: usize,
+        args: &[String],
+    ) -> anyhow::Result<(Vec<Usage>, Seen)> {
+        self.sink.reset(Mode::default());
+        self.preload_and_drain(phase, n, 1, args).await
+    }
+
     /// Runs `workers` processes on `prefix` until the sink saw `n`
     /// successes; returns their usage just before they were stopped.
     pub(super) async fn drain_with(
@@ -287,14 +299,13 @@ impl Bench {
     /// isolation costs the one-receiver deployment (target: nothing).
     async fn end_to_end(&mut self) -> anyhow::Result<()> {
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
-        self.sink.reset(Mode::default());
         let args = Self::concurrency_args(c);
         let mut off_args = args.clone();
         off_args.extend(["--isolation".into(), "off".into()]);
-        let (usage, seen) = self.preload_and_drain("e2e", n, 1, &args).await?;
-        let (_, off1) = self.preload_and_drain("e2e-off", n, 1, &off_args).await?;
-        let (_, on2) = self.preload_and_drain("e2e", n, 1, &args).await?;
-        let (_, off2) = self.preload_and_drain("e2e-off", n, 1, &off_args).await?;
+        let (usage, seen) = self.fresh_drain("e2e", n, &args).await?;
+        let (_, off1) = self.fresh_drain("e2e-off", n, &off_args).await?;
+        let (_, on2) = self.fresh_drain("e2e", n, &args).await?;
+        let (_, off2) = self.fresh_drain("e2e-off", n, &off_args).await?;
         let rate = seen.rate();
         let p = Phase::E2e;
         self.push(

@@ -337,7 +337,7 @@ pub struct EndpointArgs {
     /// breaker. `off` lets every delivery go at once, whatever its
     /// endpoint does (only --endpoint-concurrency, rates and Retry-After
     /// pauses remain): for one trusted receiver, or to compare.
-    #[arg(long, env = "REDELIVER_ISOLATION", default_value = "on", value_parser = on_off)]
+    #[arg(long, env = "REDELIVER_ISOLATION", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub isolation: bool,
     /// Most attempts per interval to one endpoint, spaced evenly, e.g. 50/s
     /// or 600/min. [default: no limit]

@@ -19,7 +19,8 @@ pub struct Route {
     /// Replaces `--timeout` for one HTTP attempt.
     pub timeout: Option<Duration>,
     pub success_body: Option<String>,
-    /// Most attempts in flight to these URLs (`--endpoint-concurrency`).
+    /// A hard ceiling on attempts in flight to these URLs, under which their
+    /// adaptive limit moves (`--endpoint-concurrency`).
     pub concurrency: Option<usize>,
     /// Most attempts per interval to these URLs (`--endpoint-rate`).
     pub rate: Option<Rate>,

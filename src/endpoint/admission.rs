@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use super::pass::{self, Pass};
-use super::state::{rate_wait_at, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT};
+use super::state::{
+    rate_wait_at, wake_front, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT,
+};
 use crate::policy::Gate;
 use crate::telemetry;
 
@@ -55,6 +57,12 @@ pub struct Parked {
     ep: Arc<Endpoint>,
     _place: OwnedSemaphorePermit,
     ticket: u64,
+    /// Woken when it is first in the queue and room may have come.
+    wake: Arc<Notify>,
+    /// Keeps its concurrency slot while it waits: parked when no other
+    /// endpoint had work, nobody needs the slot, and handing it back and
+    /// winning it again from the worker's pump would only cost time.
+    keeps_slot: bool,
     /// Still in the endpoint's queue.
     queued: bool,
     /// Let go by the endpoint (counted in its `reserved`), not attempted yet.
@@ -62,19 +70,31 @@ pub struct Parked {
 }
 
 impl Parked {
-    pub(super) fn new(ep: Arc<Endpoint>, st: &mut State, place: OwnedSemaphorePermit) -> Self {
+    pub(super) fn new(
+        ep: Arc<Endpoint>,
+        st: &mut State,
+        place: OwnedSemaphorePermit,
+        keeps_slot: bool,
+    ) -> Self {
         st.next_ticket += 1;
-        let ticket = st.next_ticket;
-        st.queue.push_back(ticket);
+        let (ticket, wake) = (st.next_ticket, Arc::new(Notify::new()));
+        st.queue.push_back((ticket, wake.clone()));
         metrics::gauge!(telemetry::PARKED).increment(1.0);
         metrics::gauge!(telemetry::ENDPOINT_PARKED, "endpoint" => ep.label.clone()).increment(1.0);
         Parked {
             ep,
             _place: place,
             ticket,
+            wake,
+            keeps_slot,
             queued: true,
             reserved: false,
         }
+    }
+
+    /// Whether it waits holding its concurrency slot (see the field).
+    pub fn keeps_slot(&self) -> bool {
+        self.keeps_slot
     }
 
     /// Waits, in arrival order, until the endpoint has room, then for its
@@ -115,18 +135,13 @@ impl Parked {
     /// `Err` with the deferral when it gives up.
     async fn acquire(&mut self) -> Result<(), Admission> {
         let started = Instant::now();
-        let ep = self.ep.clone();
+        let wake = self.wake.clone();
         loop {
-            let freed = ep.freed.notified();
-            let mut freed = std::pin::pin!(freed);
-            freed.as_mut().enable();
             if let Some(done) = self.try_take(started) {
-                // The queue moved: the next one may look.
-                ep.freed.notify_waiters();
                 return done;
             }
             tokio::select! {
-                _ = freed => {}
+                _ = wake.notified() => {}
                 _ = tokio::time::sleep(STALL_CHECK) => {}
             }
         }
@@ -139,19 +154,24 @@ impl Parked {
         let ep = self.ep.clone();
         let mut st = ep.state();
         ep.check(&mut st, now);
-        if st.queue.front() == Some(&self.ticket) && ep.has_room(&st) {
+        let first = st.queue.front().map(|(t, _)| *t);
+        if first == Some(self.ticket) && ep.has_room(&st) {
             st.queue.pop_front();
             st.reserved += 1;
             (self.queued, self.reserved) = (false, true);
+            // The next one may have room too.
+            wake_front(&st);
             return Some(Ok(()));
         }
-        let ahead = st.queue.iter().position(|t| *t == self.ticket).unwrap_or(0);
+        let ahead = st.queue.iter().position(|(t, _)| *t == self.ticket);
+        let ahead = ahead.unwrap_or(0);
         let estimate = ep.park_estimate(&st, now, ahead);
         if !gives_up(&ep, &st, now, estimate, started) {
             return None;
         }
-        st.queue.retain(|t| *t != self.ticket);
+        st.queue.retain(|(t, _)| *t != self.ticket);
         self.queued = false;
+        wake_front(&st);
         let wait = estimate.max(PARK_WAIT);
         Some(Err(defer(&ep, &mut st, now, wait, DeferReason::Busy)))
     }
@@ -197,14 +217,14 @@ impl Drop for Parked {
         {
             let mut st = self.ep.state();
             if self.queued {
-                st.queue.retain(|t| *t != self.ticket);
+                st.queue.retain(|(t, _)| *t != self.ticket);
             }
             if self.reserved {
                 st.reserved = st.reserved.saturating_sub(1);
             }
-        }
-        if self.queued || self.reserved {
-            self.ep.freed.notify_waiters();
+            if self.queued || self.reserved {
+                wake_front(&st);
+            }
         }
         metrics::gauge!(telemetry::PARKED).decrement(1.0);
         let label = self.ep.label.clone();

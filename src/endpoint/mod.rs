@@ -254,7 +254,10 @@ fn park_or_defer(
         return admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason);
     }
     match place {
-        Some(place) => Admission::Park(Parked::new(ep.clone(), st, place)),
+        Some(place) => {
+            let keeps_slot = !ep.shares.contended();
+            Admission::Park(Parked::new(ep.clone(), st, place, keeps_slot))
+        }
         None => admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason),
     }
 }

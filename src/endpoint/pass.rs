@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::state::{DeferReason, Endpoint, State};
+use super::state::{wake_front, DeferReason, Endpoint, State};
 use crate::policy::{Gate, Signal, Ticket, Transition};
 use crate::telemetry;
 
@@ -90,7 +90,8 @@ impl Pass {
             }
             app_errors(&self.ep, &mut st, signal);
             let (p, gen) = (&self.ep.limits.breaker, self.generation);
-            st.breaker.record(now, p, signal, self.probe, gen)
+            st.breaker
+                .record_started(now, self.started, p, signal, self.probe, gen)
         };
 
         if let Some(t) = transition {
@@ -109,11 +110,11 @@ impl Drop for Pass {
             if self.probe && !self.reported {
                 st.breaker.release_probe(self.generation);
             }
+            // The first parked delivery may go.
+            wake_front(&st);
         }
         let label = self.ep.label.clone();
         metrics::gauge!(telemetry::ENDPOINT_IN_FLIGHT, "endpoint" => label).decrement(1.0);
-        // The next parked delivery may go.
-        self.ep.freed.notify_waiters();
     }
 }
 

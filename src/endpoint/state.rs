@@ -110,9 +110,6 @@ pub struct Endpoint {
     pub(super) label: String,
     pub(super) limits: EndpointLimits,
     pub(super) shares: Arc<Shares>,
-    /// Notified when an attempt ends or a parked delivery leaves the
-    /// queue: the next parked one may go.
-    pub(super) freed: Notify,
     pub(super) state: Mutex<State>,
 }
 
@@ -125,8 +122,10 @@ pub(super) struct State {
     pub(super) latency: Option<Duration>,
     /// Parked deliveries let go, not yet attempting (waiting for a slot).
     pub(super) reserved: usize,
-    /// Parked deliveries' tickets, in arrival order.
-    pub(super) queue: VecDeque<u64>,
+    /// Parked deliveries' tickets, in arrival order, each with the
+    /// [`Notify`] that wakes it: only the front is woken when room comes
+    /// (no herd of every parked delivery on each ended attempt).
+    pub(super) queue: VecDeque<(u64, Arc<Notify>)>,
     pub(super) next_ticket: u64,
     /// Until when the deliveries deferred as busy or rate-limited are
     /// expected to keep the endpoint occupied (see [`Endpoint::deferral`]).
@@ -168,7 +167,6 @@ impl Endpoint {
             label,
             limits,
             shares,
-            freed: Notify::new(),
             state: Mutex::new(state),
         };
         ep.show_limit(&mut ep.state());
@@ -284,6 +282,15 @@ impl Endpoint {
         (per.saturating_mul(queued) / limit)
             .max(by_rate)
             .max(st.limiter.silent_for(now))
+    }
+}
+
+/// Wakes the first parked delivery, which may go now: an attempt ended,
+/// or the one before it left the queue. A wake with nobody waiting is
+/// kept for it ([`Notify::notify_one`]), so none is lost.
+pub(super) fn wake_front(st: &State) {
+    if let Some((_, wake)) = st.queue.front() {
+        wake.notify_one();
     }
 }
 

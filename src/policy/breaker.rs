@@ -4,7 +4,10 @@
 //! endpoint and carries its answers out.
 //!
 //! - **Closed**: attempts go through. It opens after `failures`
-//!   consecutive failures, or when at least `ratio` of the attempts in a
+//!   consecutive failures (consecutive by when the attempts *started*: a
+//!   failure of an attempt older than one that since answered is not part
+//!   of a run, so hangs that started together and time out together do
+//!   not look like an outage on an endpoint that answers), or when at least `ratio` of the attempts in a
 //!   `window` failed, once that window saw `min_requests`. A failure says
 //!   the endpoint is *down or overloaded*: no answer (connection or TLS
 //!   error, timeout) or a 502, 503 or 504. A complete answer with any
@@ -144,6 +147,8 @@ pub enum Transition {
 pub struct Breaker {
     state: State,
     consecutive: u32,
+    /// When the latest-started attempt that answered started.
+    answered_from: Option<Instant>,
     /// Start, attempts and failures of the current window.
     window: (Instant, u32, u32),
     /// Openings since it last closed: each doubles the open time.
@@ -161,6 +166,7 @@ impl Breaker {
         Breaker {
             state: State::Closed,
             consecutive: 0,
+            answered_from: None,
             window: (now, 0, 0),
             trips: 0,
             paused_until: None,
@@ -229,6 +235,19 @@ impl Breaker {
         probe: bool,
         generation: u64,
     ) -> Option<Transition> {
+        self.record_started(now, now, p, signal, probe, generation)
+    }
+
+    /// [`Breaker::record`] for an attempt that started at `started`.
+    pub fn record_started(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        p: &BreakerPolicy,
+        signal: Signal,
+        probe: bool,
+        generation: u64,
+    ) -> Option<Transition> {
         if generation != self.generation {
             return None;
         }
@@ -240,12 +259,12 @@ impl Breaker {
             Signal::Pause(d) => {
                 let until = now + d.min(p.max_open);
                 self.paused_until = Some(self.paused_until.map_or(until, |u| u.max(until)));
-                self.alive(now, p)
+                self.alive(now, started, p)
             }
             // An answer, whatever its status: the endpoint is up.
-            Signal::Alive | Signal::AppError => self.alive(now, p),
+            Signal::Alive | Signal::AppError => self.alive(now, started, p),
             Signal::Failure if !p.enabled() => None,
-            Signal::Failure => self.failure(now, p),
+            Signal::Failure => self.failure(now, started, p),
         }
     }
 
@@ -256,8 +275,9 @@ impl Breaker {
         }
     }
 
-    fn alive(&mut self, now: Instant, p: &BreakerPolicy) -> Option<Transition> {
+    fn alive(&mut self, now: Instant, started: Instant, p: &BreakerPolicy) -> Option<Transition> {
         self.consecutive = 0;
+        self.answered_from = Some(self.answered_from.map_or(started, |a| a.max(started)));
         self.roll(now, p);
         self.window.1 += 1;
         let was_half_open = matches!(self.state, State::HalfOpen { .. });
@@ -269,8 +289,11 @@ impl Breaker {
         None
     }
 
-    fn failure(&mut self, now: Instant, p: &BreakerPolicy) -> Option<Transition> {
-        self.consecutive += 1;
+    fn failure(&mut self, now: Instant, started: Instant, p: &BreakerPolicy) -> Option<Transition> {
+        // Older than an attempt that answered since: not part of a run.
+        if self.answered_from.is_none_or(|a| started >= a) {
+            self.consecutive += 1;
+        }
         self.roll(now, p);
         self.window.1 += 1;
         self.window.2 += 1;

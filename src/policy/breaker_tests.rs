@@ -304,3 +304,51 @@ fn a_probe_answered_with_an_application_error_closes_it() {
     );
     assert_eq!(b.gate(after, &p, true), Gate::Pass);
 }
+
+#[test]
+fn failures_count_as_consecutive_by_when_their_attempts_started() {
+    // The consecutive rule alone (no ratio rule).
+    let p = BreakerPolicy {
+        min_requests: u32::MAX,
+        ..policy()
+    };
+    let t0 = Instant::now();
+    let mut b = Breaker::new(t0);
+    // A flaky endpoint: hangs started together at t0 and time out together
+    // at t0 + 1 s, but attempts started after them answered meanwhile.
+    let answered = t0 + secs(0.5);
+    b.record_started(answered, answered, &p, Signal::Alive, false, b.generation());
+    for _ in 0..3 * p.failures {
+        let t = b.record_started(
+            t0 + secs(1.0),
+            t0,
+            &p,
+            Signal::Failure,
+            false,
+            b.generation(),
+        );
+        assert_eq!(t, None, "older than an answer: not a run");
+    }
+    assert_eq!(b.state(), State::Closed);
+    // Failures of attempts started after the last answer are a run.
+    let later = t0 + secs(0.6);
+    for _ in 0..p.failures - 1 {
+        b.record_started(
+            t0 + secs(2.0),
+            later,
+            &p,
+            Signal::Failure,
+            false,
+            b.generation(),
+        );
+    }
+    let t = b.record_started(
+        t0 + secs(2.0),
+        later,
+        &p,
+        Signal::Failure,
+        false,
+        b.generation(),
+    );
+    assert!(matches!(t, Some(Transition::Opened { .. })), "{t:?}");
+}

@@ -63,11 +63,18 @@ impl Slot {
 /// the one it holds while it waits for the next delivery: with
 /// `--concurrency 1` on a quiet queue that one would never come back.
 async fn take_slot(slots: &Arc<Semaphore>, wanted: &Notify) -> Option<SlotPermit> {
+    let guard = |p| (p, GaugeGuard::new(telemetry::IN_FLIGHT));
+    if let Ok(p) = slots.clone().try_acquire_owned() {
+        return Some(guard(p));
+    }
     let mut acquire = std::pin::pin!(slots.clone().acquire_owned());
     loop {
+        // Ask at once: a pump that is never idle (a backlog) would
+        // otherwise keep every slot a parked delivery waits for.
+        wanted.notify_one();
         tokio::select! {
-            p = &mut acquire => return p.ok().map(|p| (p, GaugeGuard::new(telemetry::IN_FLIGHT))),
-            _ = tokio::time::sleep(SLOT_NUDGE) => wanted.notify_one(),
+            p = &mut acquire => return p.ok().map(guard),
+            _ = tokio::time::sleep(SLOT_NUDGE) => {}
         }
     }
 }
@@ -214,6 +221,11 @@ async fn handle<H: DeliveryHandler>(
         return dead_letter_expired(ctx, d, &st, &n.id).await;
     }
     let admission = match ctx.endpoints.try_admit(&n.url, slot.place.take()) {
+        // Alone, it waits for its endpoint with its slot: nobody else
+        // needs it, and winning it back from the pump would cost time.
+        Admission::Park(parked) if parked.keeps_slot() => {
+            parked.wait(|| std::future::ready(())).await.0
+        }
         Admission::Park(parked) => {
             // Waiting for its endpoint is not a request in flight.
             slot.free();

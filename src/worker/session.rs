@@ -151,6 +151,9 @@ impl<H: DeliveryHandler> Session<H> {
                 return Err(WorkerError::PublisherClosed);
             }
             let delivery = tokio::select! {
+                // In this order: a parked delivery's request for the slot
+                // comes before the next delivery, always ready in a backlog.
+                biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
