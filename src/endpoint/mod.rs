@@ -149,7 +149,7 @@ impl Endpoints {
             None => self.insert(reg, key, url, route, now),
         };
         if now.saturating_duration_since(reg.counted) >= RECOUNT {
-            recount(reg, now);
+            recount(reg, &self.shares, now);
         }
         self.shares.set_active(reg.active);
         ep
@@ -217,13 +217,25 @@ pub fn endpoint_key(url: &url::Url) -> String {
     )
 }
 
-/// Counts the endpoints that had a delivery within [`ACTIVE_WINDOW`].
-fn recount(reg: &mut Registry, now: Instant) {
-    reg.active = reg
+/// Counts the endpoints that had a delivery within [`ACTIVE_WINDOW`], and
+/// the slots they claim (see [`Shares::claim`]).
+fn recount(reg: &mut Registry, shares: &Shares, now: Instant) {
+    let active: Vec<&Entry> = reg
         .endpoints
         .values()
         .filter(|e| now.saturating_duration_since(e.seen) <= ACTIVE_WINDOW)
-        .count();
+        .collect();
+    reg.active = active.len();
+    shares.set_active(reg.active);
+    let mut claimed = 0;
+    for e in &active {
+        let demand = e.ep.demand(&e.ep.state());
+        let claim = shares.claim(demand);
+        e.ep.claim
+            .store(claim, std::sync::atomic::Ordering::Relaxed);
+        claimed += claim;
+    }
+    shares.set_claimed(claimed);
     reg.counted = now;
     metrics::gauge!(telemetry::ACTIVE_ENDPOINTS).set(reg.active as f64);
 }

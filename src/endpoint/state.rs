@@ -73,10 +73,14 @@ impl From<WaitReason> for DeferReason {
 
 /// The worker's slots and how many endpoints compete for them: alone, an
 /// endpoint may use every slot; while several have had deliveries within
-/// [`ACTIVE_WINDOW`], each gets an equal share.
+/// [`ACTIVE_WINDOW`], each may use its fair share (the slots over the
+/// active endpoints) and whatever the others do not claim (max-min
+/// fairness, from the demands seen at the last count).
 pub struct Shares {
     concurrency: usize,
     active: AtomicUsize,
+    /// The slots all active endpoints claimed at the last count.
+    claimed: AtomicUsize,
 }
 
 impl Shares {
@@ -84,6 +88,7 @@ impl Shares {
         Shares {
             concurrency: concurrency.max(1),
             active: AtomicUsize::new(0),
+            claimed: AtomicUsize::new(0),
         }
     }
 
@@ -91,14 +96,35 @@ impl Shares {
         self.active.store(n, Ordering::Relaxed);
     }
 
+    pub(super) fn set_claimed(&self, n: usize) {
+        self.claimed.store(n, Ordering::Relaxed);
+    }
+
     /// Whether another endpoint has work too.
     pub(super) fn contended(&self) -> bool {
         self.active.load(Ordering::Relaxed) > 1
     }
 
-    /// Each active endpoint's share of the slots, at least one.
-    pub(super) fn share(&self) -> usize {
+    /// Each active endpoint's fair share of the slots, at least one.
+    pub(super) fn fair(&self) -> usize {
         (self.concurrency / self.active.load(Ordering::Relaxed).max(1)).max(1)
+    }
+
+    /// An endpoint's share: every slot alone; else its fair share, or
+    /// more if the others claim less (`own`: its own claim).
+    pub(super) fn share(&self, own: usize) -> usize {
+        if !self.contended() {
+            return self.concurrency;
+        }
+        let others = self.claimed.load(Ordering::Relaxed).saturating_sub(own);
+        self.fair().max(self.concurrency.saturating_sub(others))
+    }
+
+    /// What an endpoint with `demand` (in flight, let go and parked)
+    /// claims: its demand and one more (its next delivery), up to its fair
+    /// share.
+    pub(super) fn claim(&self, demand: usize) -> usize {
+        (demand + 1).min(self.fair())
     }
 }
 
@@ -110,6 +136,8 @@ pub struct Endpoint {
     pub(super) label: String,
     pub(super) limits: EndpointLimits,
     pub(super) shares: Arc<Shares>,
+    /// Its claim at the last count (see [`Shares::claim`]).
+    pub(super) claim: AtomicUsize,
     pub(super) state: Mutex<State>,
 }
 
@@ -167,6 +195,7 @@ impl Endpoint {
             label,
             limits,
             shares,
+            claim: AtomicUsize::new(0),
             state: Mutex::new(state),
         };
         ep.show_limit(&mut ep.state());
@@ -191,9 +220,17 @@ impl Endpoint {
     /// while other endpoints have work.
     pub(super) fn allowed(&self, st: &State) -> usize {
         match self.limits.adaptive {
-            Some(_) => self.own_limit(st).min(self.shares.share()),
+            Some(_) => {
+                let own = self.claim.load(Ordering::Relaxed);
+                self.own_limit(st).min(self.shares.share(own))
+            }
             None => self.limits.concurrency,
         }
+    }
+
+    /// Attempts in flight, let go and parked: what it asks of the slots.
+    pub(super) fn demand(&self, st: &State) -> usize {
+        st.limiter.in_flight() + st.reserved + st.queue.len()
     }
 
     /// Whether one more attempt may start (parked ones let go count).
