@@ -333,7 +333,7 @@ pub struct EndpointArgs {
     #[arg(long, env = "REDELIVER_ENDPOINT_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
     pub endpoint_concurrency: Option<u16>,
     /// Per-endpoint isolation: `on` gives each endpoint an adaptive limit,
-    /// equal shares of the slots while several have work, and a circuit
+    /// max-min fair shares of the slots while several have work, and a circuit
     /// breaker. `off` lets every delivery go at once, whatever its
     /// endpoint does (only --endpoint-concurrency, rates and Retry-After
     /// pauses remain): for one trusted receiver, or to compare.

@@ -23,7 +23,7 @@ pub struct EndpointSettings {
     /// worker's concurrency. Below it the limit is adaptive.
     pub concurrency: Option<usize>,
     /// Per-endpoint isolation on (the default): an adaptive limit per
-    /// endpoint and equal shares under contention. Off (`--isolation
+    /// endpoint and max-min fair shares under contention. Off (`--isolation
     /// off`): only the ceiling, rates and `Retry-After` pauses remain, and
     /// the breaker is off too.
     pub isolation: bool,

@@ -11,7 +11,7 @@
 //!   under an optional hard ceiling (`--endpoint-concurrency`, a route's
 //!   `concurrency`);
 //! - a **share**: alone, an endpoint may use every slot; while several
-//!   had deliveries within the last second, each gets an equal share;
+//!   had deliveries within the last second, max-min fair shares;
 //! - an optional **rate** (`--endpoint-rate`, a route's `rate`);
 //! - a **circuit breaker** and `Retry-After` **pauses** (the pure state
 //!   machine is `crate::policy::Breaker`).
