@@ -120,9 +120,8 @@ impl Shares {
         self.fair().max(self.concurrency.saturating_sub(others))
     }
 
-    /// What an endpoint with `demand` (in flight, let go and parked)
-    /// claims: its demand and one more (its next delivery), up to its fair
-    /// share.
+    /// What an endpoint with `demand` ([`Endpoint::demand`]) claims: its
+    /// demand and one more (its next delivery), up to its fair share.
     pub(super) fn claim(&self, demand: usize) -> usize {
         (demand + 1).min(self.fair())
     }
@@ -228,9 +227,12 @@ impl Endpoint {
         }
     }
 
-    /// Attempts in flight, let go and parked: what it asks of the slots.
+    /// Attempts in flight, let go and parked, up to its own limit: what
+    /// it can use of the slots (a hanging endpoint's parked deliveries
+    /// cannot go, so they claim nothing).
     pub(super) fn demand(&self, st: &State) -> usize {
-        st.limiter.in_flight() + st.reserved + st.queue.len()
+        let wants = st.limiter.in_flight() + st.reserved + st.queue.len();
+        wants.min(self.own_limit(st))
     }
 
     /// Whether one more attempt may start (parked ones let go count).
