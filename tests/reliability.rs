@@ -63,9 +63,10 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
         .map(|i| json!({"url": rx.url("/"), "id": format!("t{i}")}))
         .collect();
     app.publish(&batch).await;
-    // All four to one receiver, in flight at once: the endpoint may use
-    // every slot (by default it gets a quarter, 1 of 4).
-    let args = ["--concurrency", "4", "--endpoint-concurrency", "4"];
+    // All four to one receiver, in flight at once: no per-endpoint limit
+    // (a new endpoint starts at a quarter, 1 of 4, and earns more only
+    // from answers).
+    let args = ["--concurrency", "4", "--isolation", "off"];
     let mut c = spawn_run(&app, &[&args[..], &["--shutdown-grace", "10s"]].concat());
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 4).await);
     c.sigterm();
@@ -84,13 +85,14 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
         .map(|i| json!({"url": rx.url("/"), "id": format!("g{i}")}))
         .collect();
     app.publish(&batch).await;
-    // Both to one receiver, both in flight at once: the endpoint may use
-    // every slot (by default it gets a quarter, 1 of 4).
+    // Both to one receiver, both in flight at once: no per-endpoint limit
+    // (by default a new endpoint starts at a quarter, 1 of 4, and earns
+    // more only from answers, which this 20 s receiver never gives).
     let args = [
         "--concurrency",
         "4",
-        "--endpoint-concurrency",
-        "4",
+        "--isolation",
+        "off",
         "--shutdown-grace",
         "300ms",
         "--timeout",
