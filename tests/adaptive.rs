@@ -20,7 +20,7 @@ use common::receiver::{Receiver, Recorded, Reply};
 use redeliver::config::WorkerSettings;
 use redeliver::delay::DelayBackend;
 use redeliver::HttpDeliverer;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const PLUGIN: DelayBackend = DelayBackend::Plugin;
 const LIMIT: &str = "redeliver_endpoint_limit";
@@ -33,12 +33,6 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn notifications(rx: &Receiver, tag: &str, n: usize) -> Vec<Value> {
-    (0..n)
-        .map(|i| json!({"url": rx.url("/"), "id": format!("{tag}-{i}")}))
-        .collect()
-}
-
 /// `redeliver run --concurrency 4` and nothing else, one receiver that
 /// takes 200 ms: the peak in flight is exactly 4, and nothing is deferred
 /// (the quarter cap of old allowed 1 and deferred the rest).
@@ -48,7 +42,7 @@ async fn alone_an_endpoint_gets_every_slot() {
     let app = TestApp::new("alone", PLUGIN);
     let rx = Receiver::start(|_| Reply::status(200).delay(ms(200))).await;
     let (_w, admin) = run_with_admin(&app, &["--concurrency", "4"]);
-    app.publish(&notifications(&rx, "a", 40)).await;
+    app.publish(&rx.notifications("a", 40)).await;
     let done = wait_until(Duration::from_secs(30), || rx.count() >= 40).await;
     assert!(done, "{} of 40 delivered", rx.count());
     assert_eq!(rx.max_in_flight(), 4, "every slot, and never more");
@@ -77,7 +71,7 @@ async fn a_lone_endpoints_retries_keep_their_schedule(backend: DelayBackend) {
         Receiver::start(|r: &Recorded| Reply::status(if r.nth <= 2 { 500 } else { 200 })).await;
     let args = ["--concurrency", "3", "--schedule", "300ms,600ms"];
     let (_w, _admin) = run_with_admin(&app, &args);
-    app.publish(&notifications(&rx, "s", 12)).await;
+    app.publish(&rx.notifications("s", 12)).await;
     let done = wait_until(Duration::from_secs(30), || rx.count() >= 36).await;
     assert!(done, "{} of 36 requests", rx.count());
     for (id, t) in times_by_id(&rx) {
@@ -104,7 +98,7 @@ async fn a_healthy_endpoint_that_turns_slow_falls_and_rises_again() {
         Reply::status(200).delay(ms(d))
     })
     .await;
-    app.publish(&notifications(&rx, "d", 4000)).await;
+    app.publish(&rx.notifications("d", 4000)).await;
     let (_w, admin) = run_with_admin(&app, &["--concurrency", "16"]);
     let label = endpoint_label(&rx);
     let labels = [label.as_str()];

@@ -14,7 +14,6 @@ use common::harness::wait_until;
 use common::metrics::{endpoint_label, run_with_admin, scrape, value, wait_metric};
 use common::receiver::{Receiver, Recorded, Reply};
 use redeliver::delay::DelayBackend;
-use serde_json::{json, Value};
 
 const PLUGIN: DelayBackend = DelayBackend::Plugin;
 const TRANSITIONS: &str = "redeliver_endpoint_breaker_transitions_total";
@@ -22,12 +21,6 @@ const BREAKER: &str = "redeliver_endpoint_breaker_state";
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn notifications(rx: &Receiver, tag: &str, n: usize) -> Vec<Value> {
-    (0..n)
-        .map(|i| json!({"url": rx.url("/"), "id": format!("{tag}-{i}")}))
-        .collect()
 }
 
 /// Each notification's (attempt header, time) requests, by id.
@@ -60,7 +53,7 @@ async fn a_receiver_that_fails_first_attempts_gets_every_retry_on_schedule() {
     let rx =
         Receiver::start(|r: &Recorded| Reply::status(if r.nth == 1 { 500 } else { 200 })).await;
     let (_w, admin) = run_with_admin(&app, &["--schedule", "1s"]);
-    app.publish(&notifications(&rx, "f", 200)).await;
+    app.publish(&rx.notifications("f", 200)).await;
     let done = wait_until(Duration::from_secs(30), || rx.count() >= 400).await;
     assert!(done, "{} of 400 requests", rx.count());
     let by_id = attempts_by_id(&rx);
@@ -87,7 +80,7 @@ async fn an_always_500_receiver_dead_letters_after_max_attempts_on_schedule() {
     let rx = Receiver::start(|_| Reply::status(500)).await;
     let args = ["--max-attempts", "2", "--schedule", "200ms"];
     let (_w, admin) = run_with_admin(&app, &args);
-    app.publish(&notifications(&rx, "e", 50)).await;
+    app.publish(&rx.notifications("e", 50)).await;
     let done = wait_until(Duration::from_secs(30), || rx.count() >= 100).await;
     assert!(done, "{} of 100 requests", rx.count());
     let mut dead = app.wait_dead(50).await;
@@ -112,7 +105,7 @@ async fn a_receiver_that_refuses_connections_opens_the_breaker_until_it_is_back(
     rx.down().await;
     let args = ["--schedule", "200ms", "--max-attempts", "100"];
     let (_w, admin) = run_with_admin(&app, &[&args[..], &["--breaker-open", "1s"]].concat());
-    app.publish(&notifications(&rx, "r", 20)).await;
+    app.publish(&rx.notifications("r", 20)).await;
     let label = endpoint_label(&rx);
     let within = Duration::from_secs(20);
     let open = wait_metric(admin, BREAKER, &[&label], within, |v| v == 2.0).await;
@@ -131,7 +124,7 @@ async fn the_application_error_share_is_a_gauge_that_gates_nothing() {
     let rx =
         Receiver::start(|r: &Recorded| Reply::status(if r.nth == 1 { 404 } else { 200 })).await;
     let (_w, admin) = run_with_admin(&app, &["--schedule", "100ms"]);
-    app.publish(&notifications(&rx, "g", 40)).await;
+    app.publish(&rx.notifications("g", 40)).await;
     assert!(wait_until(Duration::from_secs(30), || rx.count() >= 80).await);
     let text = scrape(admin).await.expect("metrics");
     let share = value(

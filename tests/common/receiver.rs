@@ -135,6 +135,12 @@ impl Receiver {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+    /// `n` notifications to this receiver's `/`, ids `TAG-0`, `TAG-1`, ...
+    pub fn notifications(&self, tag: &str, n: usize) -> Vec<serde_json::Value> {
+        (0..n)
+            .map(|i| serde_json::json!({"url": self.url("/"), "id": format!("{tag}-{i}")}))
+            .collect()
+    }
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().unwrap().clone()
     }
