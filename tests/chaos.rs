@@ -100,10 +100,14 @@ async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[S
     let rx = Receiver::start(flaky).await;
     let mut load = load(&rx, N);
     if let Some(o) = &other {
-        load.extend((0..extra).map(|i| {
+        // Spread among the others' from the start, so the other endpoint
+        // competes with them while it hangs.
+        let every = N / extra.max(1);
+        for i in (0..extra).rev() {
             let id = format!("h-{i}");
-            (id.clone(), serde_json::json!({"url": o.url("/"), "id": id}))
-        }));
+            let n = serde_json::json!({"url": o.url("/"), "id": id});
+            load.insert((i * every).min(load.len()), (id, n));
+        }
     }
     preload(&app, &load).await;
     let_quorum_queues_age().await;

@@ -244,7 +244,7 @@ fn recount(reg: &mut Registry, shares: &Shares, now: Instant) {
 /// enough ([`Endpoint::park_bound`]: long alone, short while others have
 /// work); it is deferred when the endpoint makes no progress, when the
 /// wait is longer, or, while others have work, when the endpoint is in
-/// doubt (it never answered, or has attempts stuck in flight: it may be
+/// doubt ([`Endpoint::in_doubt`]: nothing answered lately, it may be
 /// hanging) and already has a round of deliveries waiting: its
 /// deliveries must not fill the parking places the others need.
 fn park_or_defer(
@@ -260,8 +260,7 @@ fn park_or_defer(
         true => DeferReason::Rate,
         false => DeferReason::Busy,
     };
-    let doubtful = st.limiter.baseline().is_none() || st.limiter.stuck() > 0;
-    let hold_back = ep.shares.contended() && doubtful && ahead >= ep.allowed(st);
+    let hold_back = ep.shares.contended() && ep.in_doubt(st, now) && ahead >= ep.allowed(st);
     if ep.stalled(st, now) || hold_back || estimate > ep.park_bound() {
         return admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason);
     }
@@ -292,13 +291,13 @@ fn forget_least_used(map: &mut HashMap<String, Entry>) {
 /// How long a deferred delivery waits: at least `wait` (the breaker's open
 /// time left, the pause, the rate's next turn, the estimated queue), and at
 /// least 1 s (shorter waits park instead) doubled for each earlier deferral
-/// (up to a minute), so a long backlog circulates ever more slowly; plus
+/// (up to 30 s), so a long backlog circulates ever more slowly; plus
 /// up to half again of jitter, so deferred deliveries do not all come back
 /// at once.
 pub fn defer_delay(wait: Duration, deferrals: u32, rng: &mut impl Rng) -> Duration {
     let floor = Duration::from_secs(1)
         .saturating_mul(2u32.saturating_pow(deferrals.min(16)))
-        .min(Duration::from_secs(60));
+        .min(Duration::from_secs(30));
     let base = wait.max(floor);
     let jitter_ms = u64::try_from(base.as_millis() / 2).unwrap_or(u64::MAX);
     base + Duration::from_millis(rng.random_range(0..=jitter_ms))

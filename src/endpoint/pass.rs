@@ -82,7 +82,7 @@ impl Pass {
         let took = now.saturating_duration_since(self.started);
         let transition = {
             let mut st = self.ep.state();
-            st.latency = Some(st.latency.map_or(took, |l| (l * 4 + took) / 5));
+            st.latency.add(took);
             if let Some(t) = self.ticket.take() {
                 if st.limiter.finish(now, t, took, signal) {
                     self.ep.show_limit(&mut st);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::config::EndpointLimits;
-use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason};
+use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason, WindowMean, LATE_SLACK};
 use crate::telemetry;
 
 /// While other endpoints have work, a parked delivery is expected to get
@@ -26,8 +26,15 @@ pub const LONE_PARK_WAIT: Duration = Duration::from_secs(10);
 /// While other endpoints have work, a parked delivery that waited this
 /// long is deferred after all (its endpoint slowed after it was parked).
 pub const PARK_TIMEOUT: Duration = Duration::from_secs(5);
-/// How far ahead a busy endpoint's deferrals are spread at most.
-pub const MAX_SCHEDULE: Duration = Duration::from_secs(300);
+/// How far ahead a busy endpoint's deferrals are spread at most. A
+/// backlog longer than that circulates (deferred again when it comes back)
+/// rather than sitting for minutes behind an endpoint that may recover in
+/// seconds; a far rate turn is still waited for in full.
+pub const MAX_SCHEDULE: Duration = Duration::from_secs(60);
+/// An endpoint that answered before is in doubt after this long without
+/// an answer (or its late threshold, if longer): a flaky endpoint's few
+/// hangs can hold all of a small limit for a few hundred milliseconds.
+pub const DOUBT_AFTER: Duration = Duration::from_millis(500);
 /// An endpoint that had a delivery within this long competes for the
 /// slots. The queue's order hides which endpoints have work waiting
 /// behind the next delivery; recent arrivals stand in for them.
@@ -145,8 +152,9 @@ pub(super) struct State {
     pub(super) pacer: Pacer,
     /// The adaptive limit and the attempts in flight.
     pub(super) limiter: Limiter,
-    /// Moving average of attempt durations, once one finished.
-    pub(super) latency: Option<Duration>,
+    /// The mean of its recent attempt durations, hangs and timeouts
+    /// included: with its limit, the pace its queue moves at.
+    pub(super) latency: WindowMean,
     /// Parked deliveries let go, not yet attempting (waiting for a slot).
     pub(super) reserved: usize,
     /// Parked deliveries' tickets, in arrival order, each with the
@@ -180,7 +188,7 @@ impl Endpoint {
             breaker: Breaker::new(now),
             pacer: Pacer::default(),
             limiter: Limiter::new(policy, now),
-            latency: None,
+            latency: WindowMean::default(),
             reserved: 0,
             queue: VecDeque::new(),
             next_ticket: 0,
@@ -265,6 +273,18 @@ impl Endpoint {
         st.limiter.silent_for(now) > usual.max(PARK_WAIT)
     }
 
+    /// In doubt: it may be hanging. Nothing it had in flight answered for
+    /// [`DOUBT_AFTER`] or its late threshold (or [`LATE_SLACK`] before its
+    /// first answer). Attempts stuck among answered ones are not doubt: a
+    /// flaky endpoint whose few hangs hold most of its slots still answers.
+    pub(super) fn in_doubt(&self, st: &State, now: Instant) -> bool {
+        let quiet = match st.limiter.late_after() {
+            Some(late) => late.max(DOUBT_AFTER),
+            None => LATE_SLACK,
+        };
+        st.limiter.silent_for(now) > quiet
+    }
+
     /// How long a parked delivery may expect to wait: [`LONE_PARK_WAIT`]
     /// alone, [`PARK_WAIT`] while others have work or when the endpoint
     /// has a rate (its pace is known: a far turn is deferred to it, at one
@@ -296,7 +316,10 @@ impl Endpoint {
         if !matches!(reason, DeferReason::Busy | DeferReason::Rate) {
             return (wait, reason);
         }
-        let per = st.latency.unwrap_or_else(|| st.limiter.silent_for(now));
+        let per = st
+            .latency
+            .get()
+            .unwrap_or_else(|| st.limiter.silent_for(now));
         let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let spacing = (per / limit).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
         let earliest = now + wait;
@@ -312,7 +335,7 @@ impl Endpoint {
     /// over its limit, or at its rate, and at least how long the endpoint
     /// has been silent with attempts in flight.
     pub(super) fn park_estimate(&self, st: &State, now: Instant, ahead: usize) -> Duration {
-        let per = st.latency.unwrap_or_default();
+        let per = st.latency.get().unwrap_or_default();
         let queued = u32::try_from(ahead + 1).unwrap_or(u32::MAX);
         let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let by_rate = self.limits.rate.map_or(Duration::ZERO, |r| {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::policy::{BreakerPolicy, Signal};
+use crate::policy::{BreakerPolicy, Signal, LATE_SLACK};
 use rand::{rngs::StdRng, SeedableRng};
 
 fn url(s: &str) -> url::Url {
@@ -146,6 +146,8 @@ async fn an_endpoint_that_never_answered_parks_one_round_while_others_have_work(
     let (a, hang) = (url("http://a.test/"), url("http://hang.test/"));
     let _a = go(admit(&e, &a));
     let _hung: Vec<Pass> = (0..2).map(|_| go(admit(&e, &hang))).collect();
+    // Not in doubt before it had time to answer.
+    tokio::time::sleep(LATE_SLACK + Duration::from_millis(20)).await;
     let _parked: Vec<Parked> = (0..2)
         .map(|_| match admit(&e, &hang) {
             Admission::Park(p) => p,
@@ -159,6 +161,33 @@ async fn an_endpoint_that_never_answered_parks_one_round_while_others_have_work(
             ..
         }
     ));
+}
+
+#[tokio::test]
+async fn a_flaky_endpoint_that_answers_beside_a_stuck_attempt_parks_more_than_a_round() {
+    let e = with_settings(settings(64));
+    let (a, f) = (url("http://a.test/"), url("http://flaky.test/"));
+    let _a = go(admit(&e, &a));
+    go(admit(&e, &f)).finish(Signal::Alive);
+    let _stuck = go(admit(&e, &f));
+    tokio::time::sleep(LATE_SLACK * 2).await;
+    // It still answers beside the stuck attempt (judged late by now).
+    go(admit(&e, &f)).finish(Signal::Alive);
+    let mut held = Vec::new();
+    let mut parked = Vec::new();
+    while parked.len() < 8 {
+        match admit(&e, &f) {
+            Admission::Go(p) => held.push(p),
+            Admission::Park(p) => parked.push(p),
+            Admission::Defer { reason, .. } => {
+                panic!("deferred ({reason:?}) after {}", parked.len())
+            }
+        }
+    }
+    let ep = e.endpoint(&f, None, Instant::now());
+    let st = ep.state();
+    assert_eq!(st.limiter.stuck(), 1, "the hang is judged late");
+    assert!(parked.len() > ep.allowed(&st), "more than one round parked");
 }
 
 #[tokio::test]
@@ -326,7 +355,7 @@ fn defer_delays_grow_with_deferrals_and_keep_the_wait() {
         (ms(0), 0, 1_000),
         (ms(0), 3, 8_000),
         (ms(5_000), 0, 5_000),
-        (ms(0), 30, 60_000),
+        (ms(0), 30, 30_000),
     ] {
         let d = defer_delay(wait, deferrals, &mut rng);
         assert!(

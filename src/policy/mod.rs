@@ -7,7 +7,8 @@
 //!   dead-letter with a reason.
 //! - [`breaker`](Breaker) and [`rate`](Pacer): whether an *endpoint* may be
 //!   tried now (circuit breaker, `Retry-After` pauses, rate limits), and
-//!   [`limit`](Limiter): how many attempts it has earned in flight; the
+//!   [`limit`](Limiter): how many attempts it has earned in flight, and
+//!   [`mean`](WindowMean): how long they take; the
 //!   per-endpoint state lives in `crate::endpoint`.
 //!
 //! The worker carries the decision out; nothing else decides.
@@ -17,6 +18,7 @@ mod breaker;
 mod classify;
 mod decide;
 mod limit;
+mod mean;
 mod rate;
 
 pub use backoff::*;
@@ -24,4 +26,5 @@ pub use breaker::*;
 pub use classify::*;
 pub use decide::*;
 pub use limit::*;
+pub use mean::*;
 pub use rate::*;

@@ -133,7 +133,11 @@ impl Fleet {
         command_for(&self.url, &self.prefix, self.backend)
             .arg("run")
             .args(&self.args)
-            .env("RUST_LOG", "info")
+            // `CHAOS_LOG` to see more (deferrals are logged at debug).
+            .env(
+                "RUST_LOG",
+                std::env::var("CHAOS_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log)

@@ -1,0 +1,58 @@
+//! The mean of an endpoint's recent attempt durations, over a window of
+//! samples. A flaky receiver's rare hangs dominate its mean: an average
+//! that moves a tenth per sample jumps threefold on a burst of four
+//! timeouts, and a queue estimate built on it defers deliveries that would
+//! have gone within the second. A window of [`WINDOW`] samples holds a few
+//! hangs in proportion.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Samples in the window.
+pub const WINDOW: usize = 64;
+
+/// The mean of the last [`WINDOW`] durations.
+#[derive(Debug, Default)]
+pub struct WindowMean {
+    samples: VecDeque<Duration>,
+    sum: Duration,
+}
+
+impl WindowMean {
+    pub fn add(&mut self, took: Duration) {
+        if self.samples.len() == WINDOW {
+            if let Some(old) = self.samples.pop_front() {
+                self.sum = self.sum.saturating_sub(old);
+            }
+        }
+        self.samples.push_back(took);
+        self.sum = self.sum.saturating_add(took);
+    }
+
+    /// `None` before the first sample.
+    pub fn get(&self) -> Option<Duration> {
+        let n = u32::try_from(self.samples.len()).ok().filter(|n| *n > 0)?;
+        Some(self.sum / n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_few_hangs_count_in_proportion_and_old_samples_leave() {
+        let ms = Duration::from_millis;
+        let mut m = WindowMean::default();
+        assert_eq!(m.get(), None);
+        for i in 0..WINDOW {
+            m.add(if i % 16 == 0 { ms(1_000) } else { ms(4) });
+        }
+        // 4 hangs of 64: (4 x 1000 + 60 x 4) / 64 = 66.25 ms.
+        assert_eq!(m.get(), Some(Duration::from_micros(66_250)));
+        for _ in 0..WINDOW {
+            m.add(ms(10));
+        }
+        assert_eq!(m.get(), Some(ms(10)));
+    }
+}
