@@ -127,7 +127,10 @@ fn span(rx: &Receiver) -> Duration {
 /// the healthy receiver's span.
 async fn drain_beside(healthy: usize, hang: Option<&Receiver>) -> Duration {
     let app = TestApp::new("beside", PLUGIN);
-    let ok = Receiver::start(|_| Reply::status(200)).await;
+    // 5 ms, as a quick real receiver: the span measures the slots the
+    // healthy one keeps, not how busy the deferrals keep this machine's
+    // two cores (with an instant receiver: 0.79-0.88).
+    let ok = Receiver::start(|_| Reply::status(200).delay(ms(5))).await;
     let mut batch = vec![];
     for i in 0..healthy {
         if let (Some(h), 0) = (hang, i % 10) {
@@ -150,13 +153,12 @@ async fn drain_beside(healthy: usize, hang: Option<&Receiver>) -> Duration {
 }
 
 /// A receiver that hangs for a minute beside a healthy one, 8 slots,
-/// default isolation: the hanging one never has more than its starting
-/// limit (a quarter of the slots) in flight, and the healthy one is not
-/// starved. Without isolation it kept about 3% of its rate (every slot
-/// waited on the hanging one). Issue 25's target is 0.8 of its rate
-/// alone; measured here 0.74–0.75 (each hanging delivery is deferred, a
-/// confirmed republish, some twice within the drain), so this asserts a
-/// floor of 0.5 against starvation, and prints the ratio.
+/// default isolation: the hanging one never has more than one attempt in
+/// flight (a new endpoint starts at one, and it never answers), and the
+/// healthy one keeps at least 0.8 of its rate alone (issue 25): it may
+/// use the seven slots the hanging one cannot. Measured 0.86-0.89. Without
+/// isolation it kept about 3% of its rate (every slot waited on the
+/// hanging one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hanging_neighbour_keeps_to_its_limit_and_the_healthy_one_its_rate() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -169,13 +171,13 @@ async fn a_hanging_neighbour_keeps_to_its_limit_and_the_healthy_one_its_rate() {
     let ratio = alone.as_secs_f64() / beside.as_secs_f64();
     println!("healthy alone {alone:?}, beside a hanging one {beside:?}: ratio {ratio:.2}");
     assert!(
-        hang.max_in_flight() <= 2,
+        hang.max_in_flight() <= 1,
         "{} in flight",
         hang.max_in_flight()
     );
     assert!(hang.count() >= 1, "it was tried");
     assert!(
-        ratio >= 0.5,
+        ratio >= 0.8,
         "healthy rate beside a hanging one: {ratio:.2} of alone"
     );
 }

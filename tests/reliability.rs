@@ -64,8 +64,8 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
         .collect();
     app.publish(&batch).await;
     // All four to one receiver, in flight at once: no per-endpoint limit
-    // (a new endpoint starts at a quarter, 1 of 4, and earns more only
-    // from answers).
+    // (a new endpoint starts at one in flight, and earns more only from
+    // answers).
     let args = ["--concurrency", "4", "--isolation", "off"];
     let mut c = spawn_run(&app, &[&args[..], &["--shutdown-grace", "10s"]].concat());
     assert!(wait_until(Duration::from_secs(10), || rx.count() == 4).await);
@@ -86,8 +86,8 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
         .collect();
     app.publish(&batch).await;
     // Both to one receiver, both in flight at once: no per-endpoint limit
-    // (by default a new endpoint starts at a quarter, 1 of 4, and earns
-    // more only from answers, which this 20 s receiver never gives).
+    // (by default a new endpoint starts at one in flight, and earns more
+    // only from answers, which this 20 s receiver never gives).
     let args = [
         "--concurrency",
         "4",

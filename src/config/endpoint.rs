@@ -83,8 +83,8 @@ impl EndpointSettings {
             .max(1);
         EndpointLimits {
             concurrency,
-            // Starts at a quarter of the worker (at most 4), never above
-            // the ceiling: a ceiling says "at most", not "start lower".
+            // Starts at one (see `LimitPolicy::for_max`), up to the
+            // ceiling: a ceiling says "at most", not "start there".
             adaptive: self.isolation.then(|| LimitPolicy {
                 initial: LimitPolicy::for_max(worker_concurrency)
                     .initial

@@ -229,8 +229,11 @@ fn recount(reg: &mut Registry, shares: &Shares, now: Instant) {
     shares.set_active(reg.active);
     let mut claimed = 0;
     for e in &active {
-        let demand = e.ep.demand(&e.ep.state());
-        let claim = shares.claim(demand);
+        let (demand, own) = {
+            let st = e.ep.state();
+            (e.ep.demand(&st), e.ep.own_limit(&st))
+        };
+        let claim = shares.claim(demand, own);
         e.ep.claim
             .store(claim, std::sync::atomic::Ordering::Relaxed);
         claimed += claim;

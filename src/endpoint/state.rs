@@ -128,9 +128,11 @@ impl Shares {
     }
 
     /// What an endpoint with `demand` ([`Endpoint::demand`]) claims: its
-    /// demand and one more (its next delivery), up to its fair share.
-    pub(super) fn claim(&self, demand: usize) -> usize {
-        (demand + 1).min(self.fair())
+    /// demand and one more (its next delivery), up to its own limit (a
+    /// hanging endpoint at one claims one: a slot it could not use would
+    /// be a slot the others lose) and its fair share.
+    pub(super) fn claim(&self, demand: usize, own_limit: usize) -> usize {
+        (demand + 1).min(own_limit.max(1)).min(self.fair())
     }
 }
 

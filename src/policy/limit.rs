@@ -65,14 +65,16 @@ pub struct LimitPolicy {
 }
 
 impl LimitPolicy {
-    /// A new endpoint starts at a quarter of `max`, between 1 and 4: an
-    /// endpoint that hangs from its first request holds at most that, and
-    /// a healthy one doubles from there every round trip.
+    /// A new endpoint starts at one attempt in flight: a slot held by a
+    /// request that hangs cannot be taken back until its timeout, so an
+    /// endpoint that hangs from its first request holds one slot, not a
+    /// quarter of them (a quarter of 16 hung is a quarter of the worker
+    /// gone for the neighbours). A healthy one doubles from there every
+    /// round trip: 16 slots within five.
     pub fn for_max(max: usize) -> Self {
-        let max = max.max(1);
         LimitPolicy {
-            initial: (max / 4).clamp(1, 4),
-            max,
+            initial: 1,
+            max: max.max(1),
         }
     }
 }

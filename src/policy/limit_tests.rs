@@ -25,31 +25,32 @@ fn alive(_: usize) -> Signal {
 }
 
 #[test]
-fn a_new_endpoint_starts_at_a_quarter_and_a_healthy_one_doubles_each_round_trip() {
-    assert_eq!(LimitPolicy::for_max(32).initial, 4);
-    assert_eq!(LimitPolicy::for_max(8).initial, 2);
-    assert_eq!(LimitPolicy::for_max(3).initial, 1);
+fn a_new_endpoint_starts_at_one_and_a_healthy_one_doubles_each_round_trip() {
+    for max in [1, 3, 8, 32] {
+        assert_eq!(LimitPolicy::for_max(max).initial, 1);
+    }
     let mut t = Instant::now();
     let mut l = Limiter::new(LimitPolicy::for_max(32), t);
-    assert_eq!(l.limit(), 4);
-    let seen: Vec<usize> = (0..4)
+    assert_eq!(l.limit(), 1);
+    let seen: Vec<usize> = (0..6)
         .map(|_| round(&mut l, &mut t, ms(2), alive))
         .collect();
-    assert_eq!(seen[0], 8, "doubles in its first round trip");
+    assert_eq!(seen[0], 2, "doubles in its first round trip");
     for w in seen.windows(2) {
         assert!(w[1] * 2 >= w[0] * 3 || w[1] == 32, "{seen:?}");
     }
-    assert_eq!(seen[3], 32, "at max within four round trips: {seen:?}");
+    assert!(seen[4] >= 16, "16 within five round trips: {seen:?}");
+    assert_eq!(seen[5], 32, "at max within six round trips: {seen:?}");
     round(&mut l, &mut t, ms(2), alive);
     assert_eq!(l.limit(), 32, "never above max");
-    // A 500 ms endpoint gets there within four round trips too.
+    // A 500 ms endpoint gets there within six round trips too.
     let mut t = Instant::now();
     let mut l = Limiter::new(LimitPolicy::for_max(32), t);
     let start = t;
     while l.limit() < 32 {
         round(&mut l, &mut t, ms(500), alive);
     }
-    assert!(t - start <= ms(2000), "{:?}", t - start);
+    assert!(t - start <= ms(3000), "{:?}", t - start);
 }
 
 #[test]
@@ -63,8 +64,8 @@ fn an_endpoint_that_does_not_use_its_limit_does_not_inflate_it() {
     }
     assert_eq!(
         l.limit(),
-        4,
-        "one at a time never needs more than its start"
+        3,
+        "one at a time earns no more than twice what it uses, and one"
     );
 }
 
@@ -125,16 +126,18 @@ fn a_hang_counts_while_in_flight_before_any_timeout() {
     assert_eq!(l.limit(), 32, "not late yet (3 × 2 ms + 50 ms)");
     t += ms(30);
     l.check(t);
-    // Its first round of attempts is late: halved 70 ms in, long before
-    // any timeout (the slots it holds cannot be taken back; the limit
-    // says how many it may take when they come free).
-    assert_eq!(l.limit(), 16);
+    // Its rounds of attempts are late: halved 70 ms in, once per round
+    // (the 32 fill the open round and the next), long before any timeout
+    // (the slots it holds cannot be taken back; the limit says how many it
+    // may take when they come free).
+    let cut = l.limit();
+    assert!((8..=16).contains(&cut), "{cut}");
     assert_eq!(l.stuck(), 32);
     // Their timeouts, later, are not counted twice.
     for tk in hung {
         l.finish(t + ms(10_000), tk, ms(10_000), Signal::Failure);
     }
-    assert_eq!(l.limit(), 16);
+    assert_eq!(l.limit(), cut);
     assert_eq!(l.stuck(), 0);
     // It stays hanging: each round it is given halves it, down to one.
     let mut seen = vec![];
@@ -183,7 +186,7 @@ fn a_flaky_endpoint_keeps_its_limit() {
 fn overload_answers_halve_it_and_unjudged_attempts_count_for_nothing() {
     let mut t = Instant::now();
     let mut l = Limiter::new(LimitPolicy::for_max(32), t);
-    for _ in 0..5 {
+    for _ in 0..8 {
         round(&mut l, &mut t, ms(2), alive);
     }
     assert_eq!(l.limit(), 32);
@@ -194,12 +197,14 @@ fn overload_answers_halve_it_and_unjudged_attempts_count_for_nothing() {
     assert_eq!(l.limit(), 32);
     assert_eq!(l.in_flight(), 0);
     let mut l = Limiter::new(LimitPolicy::for_max(32), t);
-    for _ in 0..5 {
+    while l.limit() < 32 {
         round(&mut l, &mut t, ms(2), alive);
     }
-    // 32 attempts: a round of 20 and 12 of the next.
+    // 32 attempts: they complete the open round (if any) and a round of
+    // 20, and start the next: halved once per round judged.
     round(&mut l, &mut t, ms(2), |_| Signal::Pause(ms(1000)));
-    assert_eq!(l.limit(), 16, "a round of 429s halves it, once");
+    let cut = l.limit();
+    assert!((8..=16).contains(&cut), "429s halve it per round: {cut}");
 }
 
 /// Steps a simulated endpoint 1 ms at a time for `secs`: attempts start
