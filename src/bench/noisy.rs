@@ -98,6 +98,18 @@ async fn answer(State(bad): State<Bad>) -> (StatusCode, HeaderMap) {
 struct Run {
     healthy_per_s: f64,
     bad_attempts_per_s: f64,
+    /// What the worker and the broker did for it: where the healthy
+    /// endpoint's rate went.
+    cost: Cost,
+}
+
+/// The worker's deferrals, and the CPU seconds the worker and the broker
+/// used, over one drain.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    deferrals: u64,
+    worker_cpu_s: f64,
+    broker_cpu_s: f64,
 }
 
 impl Bench {
@@ -118,13 +130,15 @@ impl Bench {
             [] => String::new(),
             _ => format!(" ({})", extra.join(" ")),
         };
-        let alone = self.noisy_run(None, extra).await?.healthy_per_s;
+        let run = self.noisy_run(None, extra).await?;
+        let alone = run.healthy_per_s;
         self.push(
             p,
             format!("healthy endpoint alone{how}"),
             Some(alone),
             "msg/s",
         );
+        self.push_cost(format!("alone{how}"), &run);
         for bad in Bad::ALL {
             let run = self.noisy_run(Some(bad), extra).await?;
             let ratio = run.healthy_per_s / alone.max(1e-9);
@@ -132,8 +146,24 @@ impl Bench {
             self.push_target(p, name, Some(ratio), "ratio", "≥ 0.8", |r| r >= 0.8);
             let name = format!("{}{how}: its HTTP attempts", bad.name());
             self.push(p, name, Some(run.bad_attempts_per_s), "req/s");
+            self.push_cost(format!("{}{how}", bad.name()), &run);
         }
         Ok(())
+    }
+
+    /// The run's profile: deferrals, and worker and broker CPU per 10,000
+    /// healthy deliveries (what a deferral costs shows against alone).
+    fn push_cost(&mut self, what: String, run: &Run) {
+        let p = Phase::Noisy;
+        let per_10k = 10_000.0 / self.sizes.noisy_n.max(1) as f64;
+        let c = run.cost;
+        let name = format!("{what}: deferrals per 10,000 healthy");
+        self.push(p, name, Some(c.deferrals as f64 * per_10k), "n");
+        let name = format!("{what}: worker CPU per 10,000 healthy");
+        self.push(p, name, Some(c.worker_cpu_s * per_10k), "s");
+        let name = format!("{what}: broker CPU per 10,000 healthy");
+        let broker = Some(c.broker_cpu_s * per_10k).filter(|s| *s > 0.0);
+        self.push(p, name, broker, "s");
     }
 
     /// Drains a backlog of `noisy_n` healthy notifications (plus one in
@@ -167,35 +197,51 @@ impl Bench {
             Err(e) => Err(e),
         };
         load::remove(&self.conn, &prefix).await;
-        let bad_attempts = drained?;
+        let (bad_attempts, cost) = drained?;
         let seen = self.sink.seen();
         Ok(Run {
             healthy_per_s: seen.rate(),
             bad_attempts_per_s: bad_attempts as f64 / seen.span_s.max(1e-9),
+            cost,
         })
     }
 
     /// One worker on the default flags (but a short shutdown grace, so that
     /// stopping does not wait for hanging attempts) until the sink saw
     /// `healthy`; returns the bad endpoint's HTTP attempts, read from the
-    /// worker's own `/metrics` (a refused connection reaches no server).
+    /// worker's own `/metrics` (a refused connection reaches no server),
+    /// and what the drain cost.
     async fn drain_and_count(
         &self,
         prefix: &str,
         healthy: usize,
         bad: Option<&BadSink>,
         extra: &[&str],
-    ) -> anyhow::Result<u64> {
+    ) -> anyhow::Result<(u64, Cost)> {
         let admin = free_port()?;
         let mut args = Self::concurrency_args(self.sizes.concurrency);
         args.extend(["--shutdown-grace", "1s", "--admin-addr"].map(String::from));
         args.push(format!("127.0.0.1:{admin}"));
         args.extend(extra.iter().map(|a| a.to_string()));
+        let broker_cpu = || self.opts.broker_pid.and_then(super::procs::cpu_seconds);
         let worker = self.spawner.spawn(prefix, &args, false)?;
+        let broker_before = broker_cpu();
         let within = Duration::from_secs(120) + Duration::from_millis(healthy as u64 * 5);
         let done = self.sink.wait_for(healthy as u64, within).await;
+        let mut cost = Cost {
+            worker_cpu_s: worker.usage().map_or(0.0, |u| u.cpu_s),
+            broker_cpu_s: match (broker_before, broker_cpu()) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0.0,
+            },
+            ..Cost::default()
+        };
         let attempts = match bad {
-            Some(b) => endpoint_attempts(admin, &b.label).await.unwrap_or(0),
+            Some(b) => {
+                let m = metric(admin, ATTEMPTS, &b.label).await;
+                cost.deferrals = metric(admin, DEFERRED, &b.label).await;
+                m
+            }
             None => 0,
         };
         worker.stop().await?;
@@ -204,7 +250,7 @@ impl Bench {
             "only {} of {healthy} healthy notifications arrived within {within:?}",
             self.sink.ok()
         );
-        Ok(attempts)
+        Ok((attempts, cost))
     }
 }
 
@@ -215,17 +261,22 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// `redeliver_endpoint_attempts_total` of one endpoint, from a worker's
-/// `/metrics`.
-async fn endpoint_attempts(admin: u16, label: &str) -> anyhow::Result<u64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
-        .await?
-        .text()
-        .await?;
-    let key = format!("redeliver_endpoint_attempts_total{{endpoint=\"{label}\"}}");
-    let value = text
+/// The counters read off the worker's `/metrics` per endpoint.
+const ATTEMPTS: &str = crate::telemetry::ENDPOINT_ATTEMPTS;
+const DEFERRED: &str = crate::telemetry::ENDPOINT_DEFERRED;
+
+/// The sum of counter `name` over its series for endpoint `label` (every
+/// deferral reason, say), from the worker's `/metrics`; 0 when unreadable.
+async fn metric(admin: u16, name: &str, label: &str) -> u64 {
+    let text = match reqwest::get(format!("http://127.0.0.1:{admin}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return 0,
+    };
+    let series = format!("endpoint=\"{label}\"");
+    let sum: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.trim().parse::<f64>().ok());
-    Ok(value.unwrap_or(0.0) as u64)
+        .filter(|l| l.starts_with(name) && l.contains(&series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    sum as u64
 }
