@@ -266,13 +266,20 @@ impl Endpoint {
         }
     }
 
-    /// No answer for twice its usual latency, and for at least
-    /// [`PARK_WAIT`], while attempts are in flight: it makes no progress
-    /// (hangs, or every attempt fails slowly), and waiting for it is
-    /// pointless.
+    /// While other endpoints have work: no answer for twice its usual
+    /// latency, and for at least [`PARK_WAIT`], while attempts are in
+    /// flight. It makes no progress (hangs, or every attempt fails
+    /// slowly), and its deliveries must not hold parking places the
+    /// others need. Alone it is never stalled: a flaky receiver whose few
+    /// hangs hold its slots for a second answers again right after, and
+    /// deferring its backlog (at a floor that doubles per deferral) left
+    /// a drain of six seconds waiting 78. Alone, its deliveries wait
+    /// their turn: the silence counts in their estimate (up to
+    /// [`LONE_PARK_WAIT`]), and the breaker defers for an endpoint that
+    /// is down.
     pub(super) fn stalled(&self, st: &State, now: Instant) -> bool {
         let usual = st.limiter.baseline().unwrap_or_default() * 2;
-        st.limiter.silent_for(now) > usual.max(PARK_WAIT)
+        self.shares.contended() && st.limiter.silent_for(now) > usual.max(PARK_WAIT)
     }
 
     /// In doubt: it may be hanging. Nothing it had in flight answered for
