@@ -146,7 +146,11 @@ async fn accuracy(backend: DelayBackend) {
     let mut early = vec![];
     for (i, at) in &seen {
         let late = at.duration_since(started[*i]).as_micros() as i128 - (ms[*i] as i128) * 1000;
-        if late < 0 {
+        // The contract is whole milliseconds on the broker's clock, which
+        // ticks in milliseconds: a message received at 10.9 ms is due at
+        // 10 + its delay. Earlier than that one tick is early (seen once in
+        // CI: 3 µs before 27 ms on the plugin stand-in).
+        if late <= -1000 {
             early.push((ms[*i], late));
         }
         let range = if ms[*i] <= 1000 { "≤ 1 s" } else { "> 1 s" };
