@@ -39,6 +39,7 @@ fn quick_bench_runs_every_phase() {
         "10 cluster",
         "11 crash",
         "12 flaky receiver",
+        "13 probe cost",
     ] {
         let measured = figures
             .iter()

@@ -18,6 +18,7 @@ mod load;
 mod noisy;
 mod options;
 mod phases;
+mod probe;
 mod procs;
 mod report;
 mod sink;

@@ -39,10 +39,13 @@ pub enum Phase {
     /// 12. A flaky single receiver (30% 500s, 5% hangs past the timeout)
     ///     drained by three workers, with and without isolation.
     Flaky,
+    /// 13. Probe cost: an idle worker's and the broker's CPU with the
+    ///     delay backend's liveness probe on (the default) and off.
+    ProbeCost,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 12] = [
+    pub const ALL: [Phase; 13] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -55,6 +58,7 @@ impl Phase {
         Phase::Cluster,
         Phase::Crash,
         Phase::Flaky,
+        Phase::ProbeCost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +75,7 @@ impl Phase {
             Phase::Cluster => "10 cluster",
             Phase::Crash => "11 crash",
             Phase::Flaky => "12 flaky receiver",
+            Phase::ProbeCost => "13 probe cost",
         }
     }
 }

@@ -71,6 +71,7 @@ impl Bench {
             Phase::Cluster => self.cluster().await,
             Phase::Crash => self.crash().await,
             Phase::Flaky => self.flaky().await,
+            Phase::ProbeCost => self.probe_cost().await,
         }
     }
 

@@ -299,6 +299,23 @@ pub struct RunArgs {
     /// confirms only what is on disk]
     #[arg(long, env = "REDELIVER_RETRY_SETTLE", value_parser = duration)]
     pub retry_settle: Option<Duration>,
+    /// Send a tiny probe through the delay backend this often, on the path
+    /// a retry takes, and report the backend stalled (log, metrics, status,
+    /// /readyz) when one is not back within its delay (~1 s) plus
+    /// --delay-probe-grace: a wedged plugin holds every retry silently.
+    /// 0s turns probes (and failover) off.
+    #[arg(long, env = "REDELIVER_DELAY_PROBE_EVERY", default_value = "5s", value_parser = duration)]
+    pub delay_probe_every: Duration,
+    /// How late past its delay a probe may come back before the backend
+    /// counts as stalled.
+    #[arg(long, env = "REDELIVER_DELAY_PROBE_GRACE", default_value = "10s", value_parser = duration)]
+    pub delay_probe_grace: Duration,
+    /// With --delay-backend plugin: where new retries and deferrals go
+    /// while the plugin is stalled. `cascade` declares the cascade's queues
+    /// when first needed and goes back to the plugin once its probes
+    /// return; copies already in the plugin wait for the broker's repair.
+    #[arg(long, env = "REDELIVER_DELAY_FAILOVER", value_enum, default_value_t = crate::config::DelayFailover::Cascade)]
+    pub delay_failover: crate::config::DelayFailover,
     /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g.
     /// 127.0.0.1:9464 (port 0 picks one and logs it). Off by default.
     #[arg(long, env = "REDELIVER_ADMIN_ADDR", value_name = "ADDR")]

@@ -9,7 +9,8 @@ use anyhow::{bail, Context as _};
 use crate::cli::args::EndpointArgs;
 use crate::cli::args::{GlobalArgs, PolicyArgs, RunArgs};
 use crate::config::{
-    AmqpUrl, BrokerSettings, DelayBackend, EndpointSettings, WorkerSettings, DEFAULT_AMQP_URL,
+    AmqpUrl, BrokerSettings, DelayBackend, EndpointSettings, ProbeSettings, WorkerSettings,
+    DEFAULT_AMQP_URL,
 };
 use crate::policy::{self, Backoff, BreakerPolicy, RetryPolicy, SuccessRules};
 
@@ -34,7 +35,16 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
             "--prefetch {p} is below --concurrency {concurrency}: some slots could never be used"
         );
     }
+    let every = args.delay_probe_every;
+    if !every.is_zero() && every < Duration::from_millis(100) {
+        bail!("--delay-probe-every must be 0s (off) or at least 100ms");
+    }
     Ok(WorkerSettings {
+        delay_probe: ProbeSettings {
+            every: Some(every).filter(|d| !d.is_zero()),
+            grace: args.delay_probe_grace,
+            failover: args.delay_failover,
+        },
         concurrency,
         prefetch,
         hold_prefetch: args.hold_prefetch,

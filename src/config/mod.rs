@@ -93,6 +93,47 @@ pub const DEFAULT_HOLD_PREFETCH: u16 = 8_192;
 /// a broker `kill -9` up to ~1.5 s after confirming it; 2 s covers that.
 pub const DEFAULT_RETRY_SETTLE: Duration = Duration::from_secs(2);
 
+/// Where new delays go while the plugin backend is stalled (`--delay-failover`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DelayFailover {
+    /// Through the cascade (declared when first needed), until probes come
+    /// back through the plugin again.
+    #[default]
+    Cascade,
+    /// Nowhere else: retries keep going to the stalled plugin, held there
+    /// until the broker is repaired.
+    None,
+}
+
+/// The delay backend's liveness probe and failover (`crate::delay::probe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSettings {
+    /// How often a worker sends a probe through each backend it uses;
+    /// `None`: never (and no failover either, which needs the probe).
+    pub every: Option<Duration>,
+    /// How long past its own delay a probe may take to come back before the
+    /// backend counts as stalled.
+    pub grace: Duration,
+    pub failover: DelayFailover,
+}
+
+/// See [`ProbeSettings::every`].
+pub const DEFAULT_PROBE_EVERY: Duration = Duration::from_secs(5);
+/// See [`ProbeSettings::grace`]. A loaded broker routes due messages late
+/// by milliseconds to a second or so; ten seconds is far past that, and a
+/// stall is still reported within about 16 s.
+pub const DEFAULT_PROBE_GRACE: Duration = Duration::from_secs(10);
+
+impl Default for ProbeSettings {
+    fn default() -> Self {
+        ProbeSettings {
+            every: Some(DEFAULT_PROBE_EVERY),
+            grace: DEFAULT_PROBE_GRACE,
+            failover: DelayFailover::Cascade,
+        }
+    }
+}
+
 /// How a worker delivers and decides.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -127,6 +168,8 @@ pub struct WorkerSettings {
     /// How long a notification may keep being retried or deferred, from
     /// its first attempt (or first deferral); `None` or zero: no limit.
     pub max_age: Option<Duration>,
+    /// The delay backend's liveness probe and failover.
+    pub delay_probe: ProbeSettings,
 }
 
 /// One attempt and what was decided about it.
@@ -158,6 +201,7 @@ impl Default for WorkerSettings {
             health: Default::default(),
             endpoints: EndpointSettings::default(),
             max_age: Some(DEFAULT_MAX_AGE),
+            delay_probe: ProbeSettings::default(),
         }
     }
 }

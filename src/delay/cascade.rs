@@ -127,8 +127,66 @@ pub fn entry(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> String {
     stage(t, top)
 }
 
-fn header(s: u32) -> String {
+/// The header carrying stage `s`'s digit.
+pub fn header(s: u32) -> String {
     format!("{HEADER}{s}")
+}
+
+/// A liveness probe's stage-0 "digit" ([`crate::delay::probe`]). Probes
+/// wait in the stages' queues like any delay, but no stage-0 queue nor the
+/// skip binding matches this, so at stage 0 they leave for their worker's
+/// own queue and the [`probe_sink`], never the work queue.
+pub const PROBE_DIGIT: &str = "p";
+/// A probe's delay: 0x410 = 1,040 ms, stage 2's digit 4 (1,024 ms) then
+/// stage 1's digit 1 (16 ms): two quorum queues' expiry and two
+/// dead-letterings, what every delay over 4 s goes through too.
+pub const PROBE_DELAY_MS: u32 = 0x410;
+
+/// Where every probe also goes at stage 0, so that one whose worker (and
+/// its queue) is gone is still routed somewhere: at-least-once
+/// dead-lettering would otherwise keep it in stage 1 for ever. Its TTL of
+/// 0 drops it at once.
+pub fn probe_sink(t: &Topology) -> String {
+    format!("{}.cascade.probes", t.prefix)
+}
+
+/// Sets a probe's digits and returns the exchange it enters at.
+pub fn probe_entry(t: &Topology, headers: &mut FieldTable) -> String {
+    let exchange = entry(t, PROBE_DELAY_MS, headers);
+    headers.insert(header(0).into(), AMQPValue::LongString(PROBE_DIGIT.into()));
+    exchange
+}
+
+/// Binding arguments that match the probes at stage 0, and with `more`
+/// also those headers.
+pub fn probe_match(more: &[(&str, &str)]) -> FieldTable {
+    let mut a = FieldTable::default();
+    // x-match: all: every listed header must be present and equal.
+    a.insert("x-match".into(), AMQPValue::LongString("all".into()));
+    a.insert(header(0).into(), AMQPValue::LongString(PROBE_DIGIT.into()));
+    for (k, v) in more {
+        a.insert((*k).into(), AMQPValue::LongString((*v).into()));
+    }
+    a
+}
+
+/// The probes' sink (see [`probe_sink`]): a quorum queue, so it is there
+/// whichever node is down, whose messages expire at once.
+async fn declare_probe_sink(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
+    let sink = probe_sink(t);
+    let mut args = FieldTable::default();
+    // x-queue-type: quorum, available while a majority of nodes is up.
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    // x-message-ttl: 0: nothing stays; there is no dead-letter exchange, so
+    // an expired probe is dropped.
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(0));
+    ch.queue_declare(sink.as_str().into(), durable(), args)
+        .await
+        .map_err(|e| classify("queue", &sink, e))?;
+    bind_queue(ch, &sink, &stage(t, 0), probe_match(&[])).await
 }
 
 /// Binding arguments that match messages whose stage-`s` digit is `digit`.
@@ -181,7 +239,7 @@ pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
         .await
         .map_err(|e| classify("binding to", &next, e))?;
     }
-    Ok(())
+    declare_probe_sink(ch, t).await
 }
 
 async fn bind_queue(ch: &Channel, q: &str, x: &str, args: FieldTable) -> Result<(), TopologyError> {
@@ -256,6 +314,7 @@ pub fn queues(t: &Topology) -> impl Iterator<Item = (u32, u32, String)> + '_ {
 pub fn names(t: &Topology) -> (Vec<String>, Vec<String>) {
     let mut queues: Vec<String> = queues(t).map(|(_, _, q)| q).collect();
     queues.push(hold(t));
+    queues.push(probe_sink(t));
     let mut exchanges: Vec<String> = (0..STAGES).map(|s| stage(t, s)).collect();
     exchanges.push(out(t));
     (queues, exchanges)

@@ -3,7 +3,10 @@
 //! "publish here, with these headers"; a plugin-free backend slots in here.
 
 pub mod cascade;
+pub mod failover;
 pub mod hold;
+pub mod probe;
+pub mod report;
 
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -41,7 +44,7 @@ pub async fn delete(topology: &Topology, conn: &Connection) -> Result<(), lapin:
     // Deleting what does not exist is a no-op.
     let (queues, exchanges) = cascade::names(topology);
     let ch = conn.create_channel().await?;
-    for q in queues {
+    for q in queues.iter().chain([&report::queue(topology)]) {
         ch.queue_delete(q.as_str().into(), Default::default())
             .await?;
     }

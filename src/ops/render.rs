@@ -103,6 +103,42 @@ fn delay_backend(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> 
     if let Some(n) = s.plugin_delayed {
         writeln!(out, "plugin holds   {n} delayed messages for this prefix")?;
     }
+    probes(s, out)
+}
+
+/// What the workers' delay probes report, one line per backend.
+fn probes(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
+    if s.delay_probes.is_empty() {
+        return writeln!(
+            out,
+            "delay probes   no worker reported in the last 90 s (none running, or --delay-probe-every 0s)"
+        );
+    }
+    for p in &s.delay_probes {
+        let since = p
+            .since_ms
+            .map(|ms| {
+                let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                format!(" since {}", humantime::format_rfc3339_seconds(t))
+            })
+            .unwrap_or_default();
+        let state = match p.state.as_str() {
+            "stalled" => format!(
+                "STALLED{since} ({} of {} workers; retries through it are held; see docs/operations.md)",
+                p.stalled_workers, p.workers
+            ),
+            "routing" => format!("routing ({} workers)", p.workers),
+            other => format!("{other} ({} workers; no probe back yet)", p.workers),
+        };
+        writeln!(out, "{:<14} {state}", format!("probe {}", p.backend))?;
+        if p.failover_workers > 0 {
+            writeln!(
+                out,
+                "{:<14} new delays go through the cascade on {} workers",
+                "failover", p.failover_workers
+            )?;
+        }
+    }
     Ok(())
 }
 

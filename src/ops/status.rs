@@ -54,7 +54,12 @@ pub struct Status {
     /// How many of the cascade's queues each node leads (from the
     /// management API; empty when unknown).
     pub cascade_leaders: std::collections::BTreeMap<String, u32>,
+    /// What the `run` workers' delay probes report, per backend (empty
+    /// when no worker reported in the last 90 s, or probes are off).
+    pub delay_probes: Vec<ProbeSummary>,
 }
+
+pub use crate::delay::report::Summary as ProbeSummary;
 
 /// One queue of the cascade: stage `stage`, digit `digit`.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -91,7 +96,10 @@ pub async fn status(
         }
     }
     probe.close().await;
+    let delay_probes =
+        crate::delay::report::summarize(&crate::delay::report::read(&conn, &t).await);
     let mut s = Status {
+        delay_probes,
         prefix: broker.prefix.clone(),
         broker: broker.url.redacted(),
         connected,

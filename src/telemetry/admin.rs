@@ -45,10 +45,20 @@ fn recorder() -> Result<PrometheusHandle, AdminError> {
     let attempts = [
         1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 15.0, 20.0, 50.0, 100.0, 1000.0,
     ];
+    // A probe waits about 1 s; how late it comes back is what matters.
+    let probe_seconds = [
+        1.0, 1.01, 1.025, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+    ];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(telemetry::ATTEMPT_SECONDS.into()), &seconds)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full(telemetry::SUCCESS_ATTEMPT.into()), &attempts)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(telemetry::DELAY_PROBE_SECONDS.into()),
+                &probe_seconds,
+            )
         })
         .map_err(|e| AdminError::Recorder(e.to_string()))?
         .install_recorder()
@@ -111,13 +121,25 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
 
 /// 503 while connecting, reconnecting or draining: an orchestrator then
 /// sends no traffic and does not count the worker as available.
+///
+/// A stalled delay backend is reported in the body, one line each, but
+/// does not fail readiness: it is the broker's fault, every worker sees
+/// it at once, and a restarted or removed worker cures nothing; first
+/// attempts still go out (docs/operations.md).
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.health.is_ready() {
-        (StatusCode::OK, "ready\n")
+    let mut body = if s.health.is_ready() {
+        "ready\n".to_string()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: not consuming\n",
-        )
+        "not ready: not consuming\n".to_string()
+    };
+    for note in s.health.delay_notes() {
+        body.push_str(&note);
+        body.push('\n');
     }
+    let status = if s.health.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body)
 }

@@ -14,9 +14,10 @@
 
 pub(crate) mod admin;
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
@@ -83,16 +84,39 @@ pub fn init_with_default(format: LogFormat, default: &str) -> LogGuard {
 
 /// Whether the worker is connected and consuming: `/readyz`. It is not
 /// ready while connecting or reconnecting, nor once it starts draining.
+/// It also carries what the delay probes found, which `/readyz` reports
+/// without failing on it (`docs/operations.md` says why).
 #[derive(Clone, Debug, Default)]
-pub struct Health(Arc<AtomicBool>);
+pub struct Health {
+    consuming: Arc<AtomicBool>,
+    /// Backend name → a note on it, while it is stalled.
+    delay: Arc<Mutex<BTreeMap<&'static str, String>>>,
+}
 
 impl Health {
     pub fn set_consuming(&self, consuming: bool) {
-        self.0.store(consuming, Ordering::Relaxed);
+        self.consuming.store(consuming, Ordering::Relaxed);
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.consuming.load(Ordering::Relaxed)
+    }
+
+    /// Sets (or with `None` clears) the note on a delay backend.
+    pub fn set_delay(&self, backend: &'static str, note: Option<String>) {
+        let mut d = self.delay.lock().unwrap_or_else(|e| e.into_inner());
+        match note {
+            Some(n) => d.insert(backend, n),
+            None => d.remove(backend),
+        };
+    }
+
+    /// One line per stalled delay backend.
+    pub fn delay_notes(&self) -> Vec<String> {
+        let d = self.delay.lock().unwrap_or_else(|e| e.into_inner());
+        d.iter()
+            .map(|(b, n)| format!("delay backend {b}: {n}"))
+            .collect()
     }
 }
 
@@ -118,6 +142,9 @@ pub const ENDPOINT_APP_ERRORS: &str = "redeliver_endpoint_app_error_ratio";
 pub const ACTIVE_ENDPOINTS: &str = "redeliver_endpoints_active";
 pub const PARKED: &str = "redeliver_parked";
 pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
+pub const DELAY_STALLED: &str = "redeliver_delay_backend_stalled";
+pub const DELAY_PROBE_SECONDS: &str = "redeliver_delay_probe_seconds";
+pub const DELAY_FAILOVER: &str = "redeliver_delay_failover_active";
 /// Distinct `endpoint` label values; the rest are counted as `other`.
 pub const MAX_ENDPOINT_LABELS: usize = 100;
 
@@ -164,6 +191,24 @@ pub fn describe_metrics() {
         "Work-queue consumers replaced so that settling originals leave the prefetch free"
     );
     describe_endpoint_metrics();
+    describe_delay_metrics();
+}
+
+fn describe_delay_metrics() {
+    use metrics::{describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        DELAY_STALLED,
+        "1 while a delay backend's probe is overdue (retries through it are held), by backend"
+    );
+    describe_histogram!(
+        DELAY_PROBE_SECONDS,
+        Unit::Seconds,
+        "Round trip of a delay-backend probe, its delay (about 1 s) included, by backend"
+    );
+    describe_gauge!(
+        DELAY_FAILOVER,
+        "1 while new delays go through the cascade because the plugin is stalled"
+    );
 }
 
 fn describe_endpoint_metrics() {

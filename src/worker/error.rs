@@ -24,6 +24,8 @@ pub enum WorkerError {
     Hold(#[from] crate::delay::hold::HoldError),
     #[error("the short-delay holder stopped; reconnecting")]
     HolderStopped,
+    #[error("the delay probe stopped; reconnecting")]
+    ProbeStopped,
     #[error("concurrency must be at least 1")]
     Concurrency,
     #[error("invalid broker URL {url}: {reason}")]
@@ -42,6 +44,17 @@ impl WorkerError {
             | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
             | WorkerError::Topology(TopologyError::Mismatch { .. }) => true,
             _ => false,
+        }
+    }
+}
+
+/// A topology refusal while starting the probe is one like any other
+/// (fatal when an operator must fix it); the rest is AMQP.
+impl From<crate::delay::probe::ProbeError> for WorkerError {
+    fn from(e: crate::delay::probe::ProbeError) -> Self {
+        match e {
+            crate::delay::probe::ProbeError::Amqp(e) => WorkerError::Amqp(e),
+            crate::delay::probe::ProbeError::Topology(t) => WorkerError::Topology(t),
         }
     }
 }

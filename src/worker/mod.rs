@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::config::{BrokerSettings, WorkerSettings};
+use crate::delay::probe::Watch;
 use crate::deliver::DeliveryHandler;
 use crate::endpoint::Endpoints;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
@@ -57,7 +58,7 @@ pub async fn run<H: DeliveryHandler>(
         });
     }
     let handler = Arc::new(handler);
-    let shared = shared(&settings);
+    let shared = shared(&settings, broker.delay);
     metrics::gauge!(telemetry::CONCURRENCY).set(settings.concurrency as f64);
     // Present from the start, so dashboards and alerts see 0, not "no data".
     metrics::counter!(telemetry::RECONNECTS).increment(0);
@@ -89,11 +90,11 @@ pub async fn run<H: DeliveryHandler>(
     }
 }
 
-/// The slots and the endpoints' state. Both outlive connections:
-/// deliveries still finishing from a lost connection count against the
-/// next one's bounds, and an endpoint's breaker does not forget a dead
-/// receiver on a broker hiccup.
-fn shared(settings: &WorkerSettings) -> Shared {
+/// The slots, the endpoints' state and the delay probes'. They outlive
+/// connections: deliveries still finishing from a lost connection count
+/// against the next one's bounds, an endpoint's breaker does not forget a
+/// dead receiver on a broker hiccup, nor the probe a stalled backend.
+fn shared(settings: &WorkerSettings, delay: crate::config::DelayBackend) -> Shared {
     let mut endpoints = settings.endpoints.clone();
     // Parked deliveries are unacked: they must fit in the prefetch beside
     // the slots, or the broker would stop sending while they wait.
@@ -108,6 +109,7 @@ fn shared(settings: &WorkerSettings) -> Shared {
             settings.concurrency,
             settings.routes.clone(),
         )),
+        watch: Watch::new(settings.delay_probe, delay, settings.health.clone()),
     }
 }
 

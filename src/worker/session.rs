@@ -16,7 +16,9 @@ use super::error::WorkerError;
 use super::feed::Feed;
 use super::process::{process, Slot};
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
+use crate::delay::failover::Router;
 use crate::delay::hold::Holder;
+use crate::delay::probe::{Prober, Watch};
 use crate::deliver::DeliveryHandler;
 use crate::endpoint::Endpoints;
 use crate::publish::Publisher;
@@ -42,6 +44,8 @@ pub(super) struct Shared {
     pub(super) endpoints: Arc<Endpoints>,
     /// Parked deliveries ask the pump for its idle slot through it.
     pub(super) slot_wanted: Arc<Notify>,
+    /// The delay backends' probe state and the failover switch.
+    pub(super) watch: Watch,
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).
@@ -63,6 +67,8 @@ pub(super) struct Session<H> {
     lost: CancellationToken,
     /// Cancelled when the short-delay holder fails.
     hold_failed: CancellationToken,
+    /// Cancelled when the delay probe ends before the session.
+    probe_failed: CancellationToken,
 }
 
 impl<H: DeliveryHandler> Session<H> {
@@ -78,14 +84,10 @@ impl<H: DeliveryHandler> Session<H> {
         shared: &Shared,
     ) -> Result<Self, WorkerError> {
         let topology = crate::delay::declare_topology(broker, conn).await?;
-        let publisher = Publisher::with_channels(
-            conn,
-            PUBLISH_CHANNELS,
-            topology.clone(),
-            broker.delay,
-            settings.confirm_timeout,
-        )
-        .await?;
+        // Before the publisher: while failing over, the probe declares the
+        // cascade that the first retry is routed to.
+        let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
+        let publisher = open_publisher(conn, broker, &topology, settings, shared).await?;
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
         let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
@@ -105,6 +107,10 @@ impl<H: DeliveryHandler> Session<H> {
         };
         info!(queue = %topology.work, concurrency = settings.concurrency, broker = %node, "consuming");
         let lost = start_watches(conn, &topology, settings, &helpers).await?;
+        let probe_failed = match prober {
+            Some(p) => p.spawn(helpers.clone()),
+            None => CancellationToken::new(),
+        };
         let ctx = Arc::new(Context {
             handler: handler.clone(),
             publisher,
@@ -123,6 +129,7 @@ impl<H: DeliveryHandler> Session<H> {
             helpers,
             lost,
             hold_failed,
+            probe_failed,
         })
     }
 
@@ -139,6 +146,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
+                _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
                 p = async {
                     let place = self.ctx.endpoints.place().await;
                     (place, slots.clone().acquire_owned().await)
@@ -157,6 +165,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
+                _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
                 // A parked delivery needs a slot and all are taken: give
                 // this idle one back (it is first in line) and take another.
                 _ = self.ctx.slot_wanted.notified() => continue,
@@ -208,6 +217,23 @@ impl<H: DeliveryHandler> Session<H> {
         // Nacks are quick; a dead connection makes them fail at once.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
+}
+
+/// The session's confirm channels, routing delays through the worker's
+/// backend, or the cascade while the failover switch is on.
+async fn open_publisher(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    topology: &Topology,
+    settings: &WorkerSettings,
+    shared: &Shared,
+) -> Result<Publisher, lapin::Error> {
+    let router = Router {
+        primary: broker.delay,
+        switch: shared.watch.switch(),
+    };
+    let (n, timeout) = (PUBLISH_CHANNELS, settings.confirm_timeout);
+    Publisher::with_channels(conn, n, topology.clone(), router, timeout).await
 }
 
 /// Starts the dead-letter gauge and the connection watch (until

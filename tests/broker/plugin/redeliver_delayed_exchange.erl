@@ -115,8 +115,12 @@ assert_args_equivalence(#exchange{name = Name, arguments = Args}, Required) ->
     rabbit_misc:assert_args_equivalence(Args, Required, Name,
                                         [?ARG, <<"alternate-exchange">>]).
 
-info(_X) -> [].
-info(_X, _Items) -> [].
+%% `messages_delayed`, which the management API shows for the exchange, as
+%% upstream reports it.
+info(X) -> info(X, [messages_delayed]).
+info(#exchange{name = XName}, Items) ->
+    [{messages_delayed, redeliver_delayed_store:held_for(XName)}
+     || lists:member(messages_delayed, Items)].
 
 %% ---------------------------------------------------------------------------
 

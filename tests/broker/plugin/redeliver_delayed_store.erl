@@ -15,8 +15,8 @@
 
 -include_lib("rabbit_common/include/rabbit.hrl").
 
--export([start_link/0, hold/3, drop_exchange/1, held_count/0, routing_now/0,
-         is_ready/0, overdue_at_start/0]).
+-export([start_link/0, hold/3, drop_exchange/1, held_count/0, held_for/1,
+         routing_now/0, is_ready/0, overdue_at_start/0, wedge/1, unwedge/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2,
          code_change/3]).
 
@@ -34,7 +34,10 @@
 
 -record(st, {fd, path, seq = 0, timer, ready = false, pending = [],
              flush_queued = false, tombstones = queue:new(), dead = 0,
-             waiting_since, overdue_at_start = 0}).
+             waiting_since, overdue_at_start = 0,
+             %% The fault switch (wedge/1): `all`, or the exchanges whose
+             %% due messages are held rather than routed.
+             wedged = []}).
 
 %% A due message whose quorum queue has no leader yet waits (a stateless
 %% delivery to it would be dropped), but not forever.
@@ -59,6 +62,24 @@ hold(XName, DelayMs, Msg) ->
 drop_exchange(XName) -> gen_server:call(?SERVER, {drop_exchange, XName}, 60000).
 
 held_count() -> ets:info(?INDEX, size).
+
+%% Messages held for one exchange: the management API's `messages_delayed`,
+%% as upstream reports it.
+held_for(XName) -> ets:select_count(?INDEX, [{{'_', XName, '_'}, [], [true]}]).
+
+%% The fault switch, for tests of redeliver's delay-backend probe: from
+%% `wedge(all)` on, no due message is routed, as when the upstream plugin's
+%% timer loop spins on an orphan index entry; `wedge(<<"name">>)` holds only
+%% that exchange's (vhost /), so parallel tests on one node are not
+%% disturbed. Holds are still accepted, stored and confirmed, and nothing is
+%% dropped: `unwedge(all)` (or the same name) routes what fell due at once.
+wedge(all) -> gen_server:call(?SERVER, {wedge, all}, 5000);
+wedge(Name) when is_binary(Name) ->
+    gen_server:call(?SERVER, {wedge, rabbit_misc:r(<<"/">>, exchange, Name)}, 5000).
+
+unwedge(all) -> gen_server:call(?SERVER, {unwedge, all}, 5000);
+unwedge(Name) when is_binary(Name) ->
+    gen_server:call(?SERVER, {unwedge, rabbit_misc:r(<<"/">>, exchange, Name)}, 5000).
 
 %% True once due messages are being routed (after the boot grace);
 %% `tests/broker/ctl up` waits for it.
@@ -99,6 +120,26 @@ handle_call({drop_exchange, XName}, _From, St) ->
     {reply, ok, St#st{dead = St#st.dead + length(Keys)}};
 handle_call(is_ready, _From, St) ->
     {reply, St#st.ready, St};
+handle_call({wedge, all}, _From, St) ->
+    rabbit_log:warning("x-delayed-message stand-in: wedged (no due message is routed)"),
+    {reply, ok, arm(St#st{wedged = all})};
+handle_call({wedge, _}, _From, St = #st{wedged = all}) ->
+    {reply, ok, St};
+handle_call({wedge, XName}, _From, St = #st{wedged = Ws}) ->
+    rabbit_log:warning("x-delayed-message stand-in: wedged for ~ts", [rabbit_misc:rs(XName)]),
+    {reply, ok, arm(St#st{wedged = lists:usort([XName | Ws])})};
+handle_call({unwedge, What}, _From, St = #st{wedged = Ws}) ->
+    Left = case What of
+               all -> [];
+               _ when Ws =:= all -> all;
+               XName -> lists:delete(XName, Ws)
+           end,
+    rabbit_log:warning("x-delayed-message stand-in: unwedged (~p)", [What]),
+    St1 = St#st{wedged = Left},
+    {reply, ok, case St1#st.ready of
+                    true -> arm(route_due(St1));
+                    false -> St1
+                end};
 handle_call(overdue_at_start, _From, St) ->
     {reply, St#st.overdue_at_start, St};
 handle_call(_Req, _From, St) ->
@@ -157,7 +198,7 @@ flush(St = #st{pending = Pending, fd = Fd}) ->
 
 arm(St = #st{timer = T}) ->
     _ = case T of undefined -> ok; _ -> erlang:cancel_timer(T) end,
-    case ets:first(?INDEX) of
+    case first_routable(St) of
         '$end_of_table' -> St#st{timer = undefined};
         {_, _} when St#st.waiting_since =/= undefined ->
             St#st{timer = erlang:send_after(?RETRY_NOT_READY_MS, self(), tick)};
@@ -166,24 +207,43 @@ arm(St = #st{timer = T}) ->
             St#st{timer = erlang:send_after(Wait, self(), tick)}
     end.
 
-route_due(St) ->
-    Now = now_ms(),
-    case ets:first(?INDEX) of
-        {Due, _} = Key when Due =< Now ->
-            [{Key, XName, Msg}] = ets:lookup(?INDEX, Key),
-            Force = is_integer(St#st.waiting_since)
-                andalso Now - St#st.waiting_since > ?WAIT_FOR_LEADER_MS,
-            case route_one(XName, Msg, Force) of
-                not_ready ->
-                    Since = case St#st.waiting_since of undefined -> Now; S -> S end,
-                    St#st{waiting_since = Since};
-                routed ->
-                    ets:delete(?INDEX, Key),
-                    Tomb = queue:in({Now, Key, XName, Msg}, St#st.tombstones),
-                    route_due(St#st{tombstones = Tomb, waiting_since = undefined})
+%% The first key whose exchange is not wedged (the index is in due order).
+first_routable(#st{wedged = all}) -> '$end_of_table';
+first_routable(#st{wedged = []}) -> ets:first(?INDEX);
+first_routable(#st{wedged = Ws}) -> skip_wedged(ets:first(?INDEX), Ws).
+
+skip_wedged('$end_of_table', _Ws) -> '$end_of_table';
+skip_wedged(Key, Ws) ->
+    case ets:lookup(?INDEX, Key) of
+        [{_, XName, _}] ->
+            case lists:member(XName, Ws) of
+                true -> skip_wedged(ets:next(?INDEX, Key), Ws);
+                false -> Key
             end;
-        _ -> St
+        [] -> skip_wedged(ets:next(?INDEX, Key), Ws)
     end.
+
+route_due(St) -> route_from(first_routable(St), now_ms(), St).
+
+route_from({Due, _} = Key, Now, St) when Due =< Now ->
+    [{Key, XName, Msg}] = ets:lookup(?INDEX, Key),
+    Force = is_integer(St#st.waiting_since)
+        andalso Now - St#st.waiting_since > ?WAIT_FOR_LEADER_MS,
+    case route_one(XName, Msg, Force) of
+        not_ready ->
+            Since = case St#st.waiting_since of undefined -> Now; S -> S end,
+            St#st{waiting_since = Since};
+        routed ->
+            ets:delete(?INDEX, Key),
+            Tomb = queue:in({Now, Key, XName, Msg}, St#st.tombstones),
+            St1 = St#st{tombstones = Tomb, waiting_since = undefined},
+            route_from(next_routable(Key, St1), Now, St1)
+    end;
+route_from(_, _Now, St) -> St.
+
+next_routable(_Key, #st{wedged = all}) -> '$end_of_table';
+next_routable(Key, #st{wedged = []}) -> ets:next(?INDEX, Key);
+next_routable(Key, #st{wedged = Ws}) -> skip_wedged(ets:next(?INDEX, Key), Ws).
 
 route_one(XName, Msg0, Force) ->
     Msg = Msg0#basic_message{id = rabbit_guid:gen()},

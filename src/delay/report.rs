@@ -1,0 +1,215 @@
+//! Where `status` learns what the workers' probes see: each `run` worker
+//! publishes its view of the delay backends to `<prefix>.delay-state` on
+//! every change and every [`REPORT_EVERY`]; reports expire after
+//! [`REPORT_TTL`], so the queue holds a few per live worker and nothing of
+//! workers long gone. `status` reads them without taking them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, Channel, Connection};
+use serde::{Deserialize, Serialize};
+
+use crate::topology::{classify, work_args, QueueType, Topology, TopologyError};
+
+/// How often a worker repeats its report when nothing changed.
+pub const REPORT_EVERY: Duration = Duration::from_secs(30);
+/// How long a report stays readable: three periods, so one lost report
+/// does not make a live worker look gone.
+pub const REPORT_TTL: Duration = Duration::from_secs(90);
+/// Reports read at most by one `status` (a bound, should many workers run).
+const MAX_READ: usize = 10_000;
+
+/// The queue of reports.
+pub fn queue(t: &Topology) -> String {
+    format!("{}.delay-state", t.prefix)
+}
+
+/// One worker's view of the delay backends it probes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// host/pid of the worker.
+    pub worker: String,
+    /// When the report was made (ms since the Unix epoch).
+    pub at_ms: u64,
+    pub backends: Vec<BackendReport>,
+    /// Whether new delays go through the cascade because the plugin stalled.
+    pub failover_active: bool,
+}
+
+/// One backend as a worker's probes see it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BackendReport {
+    /// `plugin` or `cascade`.
+    pub backend: String,
+    /// `routing`, `stalled`, or `unknown` (no probe back or overdue yet).
+    pub state: String,
+    /// Since when (ms since the Unix epoch): for `stalled`, when the
+    /// first overdue probe was sent.
+    pub since_ms: Option<u64>,
+    /// The last probe's round trip, its delay included.
+    pub last_round_trip_ms: Option<u64>,
+}
+
+/// Declares the report queue: the prefix's queue type (quorum: readable
+/// whichever node is down), reports expiring after [`REPORT_TTL`].
+pub async fn declare(
+    ch: &Channel,
+    t: &Topology,
+    queue_type: QueueType,
+) -> Result<(), TopologyError> {
+    let name = queue(t);
+    let mut args = work_args(queue_type);
+    // x-message-ttl: a report is dropped once it is this old.
+    args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(REPORT_TTL.as_millis() as i64),
+    );
+    // x-max-length: a bound, whatever the number of workers; the oldest
+    // go first (the default overflow, drop-head).
+    args.insert(
+        "x-max-length".into(),
+        AMQPValue::LongLongInt(MAX_READ as i64),
+    );
+    let opts = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(name.as_str().into(), opts, args)
+        .await
+        .map(|_| ())
+        .map_err(|e| classify("queue", &name, e))
+}
+
+/// Publishes a report (no confirm: the next one follows soon).
+pub async fn publish(ch: &Channel, t: &Topology, r: &Report) -> Result<(), lapin::Error> {
+    let body = serde_json::to_vec(r).unwrap_or_default();
+    let props = BasicProperties::default().with_content_type("application/json".into());
+    ch.basic_publish(
+        "".into(),
+        queue(t).as_str().into(),
+        BasicPublishOptions::default(),
+        &body,
+        props,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// The newest report of each worker, read without taking any: they stay
+/// unacked until the read channel closes, which returns them. Empty when
+/// no worker has reported (or the queue does not exist).
+pub async fn read(conn: &Connection, t: &Topology) -> Vec<Report> {
+    let Ok(ch) = conn.create_channel().await else {
+        return vec![];
+    };
+    let mut newest: BTreeMap<String, Report> = BTreeMap::new();
+    for _ in 0..MAX_READ {
+        let got = ch
+            .basic_get(queue(t).as_str().into(), BasicGetOptions { no_ack: false })
+            .await;
+        let Ok(Some(m)) = got else { break };
+        let Ok(r) = serde_json::from_slice::<Report>(&m.delivery.data) else {
+            continue;
+        };
+        match newest.get(&r.worker) {
+            Some(old) if old.at_ms >= r.at_ms => {}
+            _ => {
+                newest.insert(r.worker.clone(), r);
+            }
+        }
+    }
+    // Closing returns every message got; bounded, as `status` must end.
+    let close = ch.close(200, "reports read".into()).map(|_| ());
+    let _ = tokio::time::timeout(Duration::from_secs(5), close).await;
+    newest.into_values().collect()
+}
+
+/// What `status` shows of one backend, from every worker's report.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    pub backend: String,
+    /// `stalled` if any worker sees it stalled, else `routing` if any
+    /// sees it routing, else `unknown`.
+    pub state: String,
+    /// For `stalled`: the earliest `since` among the workers that see it.
+    pub since_ms: Option<u64>,
+    /// Workers reporting this backend, and how many of them see it stalled.
+    pub workers: usize,
+    pub stalled_workers: usize,
+    /// Workers whose new delays go through the cascade.
+    pub failover_workers: usize,
+}
+
+/// Folds the workers' reports into one line per backend.
+pub fn summarize(reports: &[Report]) -> Vec<Summary> {
+    let mut by: BTreeMap<&str, Summary> = BTreeMap::new();
+    for r in reports {
+        for b in &r.backends {
+            let s = by.entry(&b.backend).or_insert_with(|| Summary {
+                backend: b.backend.clone(),
+                state: "unknown".into(),
+                since_ms: None,
+                workers: 0,
+                stalled_workers: 0,
+                failover_workers: 0,
+            });
+            s.workers += 1;
+            s.failover_workers += usize::from(r.failover_active);
+            match b.state.as_str() {
+                "stalled" => {
+                    s.stalled_workers += 1;
+                    s.state = "stalled".into();
+                    s.since_ms = match (s.since_ms, b.since_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                "routing" if s.state == "unknown" => s.state = "routing".into(),
+                _ => {}
+            }
+        }
+    }
+    by.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(worker: &str, state: &str, since: u64, failover: bool) -> Report {
+        Report {
+            worker: worker.into(),
+            at_ms: 1,
+            backends: vec![BackendReport {
+                backend: "plugin".into(),
+                state: state.into(),
+                since_ms: Some(since),
+                last_round_trip_ms: None,
+            }],
+            failover_active: failover,
+        }
+    }
+
+    #[test]
+    fn one_stalled_worker_makes_the_backend_stalled_since_the_earliest() {
+        let s = summarize(&[
+            report("a", "routing", 5, false),
+            report("b", "stalled", 30, true),
+            report("c", "stalled", 20, true),
+        ]);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].state, "stalled");
+        assert_eq!(s[0].since_ms, Some(20));
+        assert_eq!((s[0].workers, s[0].stalled_workers), (3, 2));
+        assert_eq!(s[0].failover_workers, 2);
+        let s = summarize(&[
+            report("a", "unknown", 0, false),
+            report("b", "routing", 9, false),
+        ]);
+        assert_eq!(s[0].state, "routing");
+    }
+}
