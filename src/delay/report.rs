@@ -54,15 +54,16 @@ pub struct BackendReport {
     pub last_round_trip_ms: Option<u64>,
 }
 
-/// Declares the report queue: the prefix's queue type (quorum: readable
-/// whichever node is down), reports expiring after [`REPORT_TTL`].
-pub async fn declare(
-    ch: &Channel,
-    t: &Topology,
-    queue_type: QueueType,
-) -> Result<(), TopologyError> {
+/// Declares the report queue, on a channel of its own (a refusal closes
+/// the channel it happens on): always a quorum queue, whatever
+/// `--queue-type` says, so that no later flag makes its declaration
+/// inequivalent; readable whichever node is down; reports expiring after
+/// [`REPORT_TTL`].
+pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), TopologyError> {
     let name = queue(t);
-    let mut args = work_args(queue_type);
+    let fail = |e| classify("queue", &name, e);
+    let ch = conn.create_channel().await.map_err(fail)?;
+    let mut args = work_args(QueueType::Quorum);
     // x-message-ttl: a report is dropped once it is this old.
     args.insert(
         "x-message-ttl".into(),
@@ -78,10 +79,9 @@ pub async fn declare(
         durable: true,
         ..Default::default()
     };
-    ch.queue_declare(name.as_str().into(), opts, args)
-        .await
-        .map(|_| ())
-        .map_err(|e| classify("queue", &name, e))
+    let declared = ch.queue_declare(name.as_str().into(), opts, args).await;
+    let _ = ch.close(200, "declared".into()).await;
+    declared.map(|_| ()).map_err(fail)
 }
 
 /// Publishes a report (no confirm: the next one follows soon).

@@ -98,7 +98,10 @@ impl Prober {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
         declare_queue(&channel, &queue).await?;
-        crate::delay::report::declare(&channel, topology, broker.queue_type).await?;
+        if let Err(e) = crate::delay::report::declare(conn, topology).await {
+            // The probe works without; only `status` misses this worker.
+            warn!(error = %e, "the delay-state queue could not be declared; `status` will not show this worker's probes");
+        }
         let mut p = Prober {
             conn: conn.clone(),
             consumer: consume(&channel, &queue).await?,
