@@ -22,6 +22,19 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(30);
 pub const REPORT_TTL: Duration = Duration::from_secs(90);
 /// Reports read at most by one `status` (a bound, should many workers run).
 const MAX_READ: usize = 10_000;
+/// A bound on every operation on the report queue. On RabbitMQ 3.10 a
+/// quorum queue declared shortly before a broker crash can come back
+/// without a leader, and an operation on it then waits for ever; a
+/// worker's session start and `status` must not.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error("no answer within {0:?} (a quorum queue without a leader?)")]
+    Timeout(Duration),
+}
 
 /// The queue of reports.
 pub fn queue(t: &Topology) -> String {
@@ -59,7 +72,14 @@ pub struct BackendReport {
 /// `--queue-type` says, so that no later flag makes its declaration
 /// inequivalent; readable whichever node is down; reports expiring after
 /// [`REPORT_TTL`].
-pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), TopologyError> {
+pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), ReportError> {
+    match tokio::time::timeout(OP_TIMEOUT, declare_now(conn, t)).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(ReportError::Timeout(OP_TIMEOUT)),
+    }
+}
+
+async fn declare_now(conn: &Connection, t: &Topology) -> Result<(), TopologyError> {
     let name = queue(t);
     let fail = |e| classify("queue", &name, e);
     let ch = conn.create_channel().await.map_err(fail)?;
@@ -101,17 +121,20 @@ pub async fn publish(ch: &Channel, t: &Topology, r: &Report) -> Result<(), lapin
 
 /// The newest report of each worker, read without taking any: they stay
 /// unacked until the read channel closes, which returns them. Empty when
-/// no worker has reported (or the queue does not exist).
+/// no worker has reported (or the queue does not exist); what was read
+/// when the queue does not answer within [`OP_TIMEOUT`].
 pub async fn read(conn: &Connection, t: &Topology) -> Vec<Report> {
-    let Ok(ch) = conn.create_channel().await else {
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    let opened = tokio::time::timeout_at(deadline, conn.create_channel()).await;
+    let Ok(Ok(ch)) = opened else {
         return vec![];
     };
     let mut newest: BTreeMap<String, Report> = BTreeMap::new();
     for _ in 0..MAX_READ {
-        let got = ch
-            .basic_get(queue(t).as_str().into(), BasicGetOptions { no_ack: false })
-            .await;
-        let Ok(Some(m)) = got else { break };
+        let get = ch.basic_get(queue(t).as_str().into(), BasicGetOptions { no_ack: false });
+        let Ok(Ok(Some(m))) = tokio::time::timeout_at(deadline, get).await else {
+            break;
+        };
         let Ok(r) = serde_json::from_slice::<Report>(&m.delivery.data) else {
             continue;
         };

@@ -55,6 +55,7 @@ impl From<crate::delay::probe::ProbeError> for WorkerError {
         match e {
             crate::delay::probe::ProbeError::Amqp(e) => WorkerError::Amqp(e),
             crate::delay::probe::ProbeError::Topology(t) => WorkerError::Topology(t),
+            crate::delay::probe::ProbeError::Timeout(_) => WorkerError::ProbeStopped,
         }
     }
 }

@@ -49,6 +49,10 @@ pub const H_PROBE: &str = "redeliver-probe";
 const H_SEQ: &str = "redeliver-probe-seq";
 /// `plugin` or `cascade`: which path the probe took.
 const H_BACKEND: &str = "redeliver-probe-backend";
+/// A bound on declaring the cascade at a session's start (the first
+/// time takes a few seconds): the session must not wait for ever on a
+/// broker that does not answer.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the books are checked for an overdue probe.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A probe publish that takes longer (a blocked connection) is given up;
@@ -61,6 +65,8 @@ pub enum ProbeError {
     Amqp(#[from] lapin::Error),
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// One connection's probe: its channel, queue and consumer.
@@ -120,7 +126,13 @@ impl Prober {
         let reports = crate::delay::report::read(conn, topology).await;
         if watch.adopt_reported_stall(&reports) || watch.failover_on() {
             // The publisher routes to the cascade from the first retry.
-            p.failover().await?;
+            // If it cannot be declared, retries stay on the plugin (and
+            // failover is tried again with the next report).
+            let declared = tokio::time::timeout(FAILOVER_TIMEOUT, p.failover()).await;
+            if let Err(e) = declared.unwrap_or(Err(ProbeError::Timeout(FAILOVER_TIMEOUT))) {
+                tracing::error!(error = %e, "failing over to the cascade failed: its topology could not be declared; retries stay on the plugin");
+                watch.release_failover();
+            }
         }
         Ok(Some(p))
     }
