@@ -39,7 +39,7 @@ impl Drop for Wedge {
                 .args(["unwedge", &self.0])
                 .env(
                     "REDELIVER_TEST_BROKER_PORT",
-                    common::default_port().to_string(),
+                    common::node_port(common::default_port()).to_string(),
                 )
                 .output();
     }

@@ -282,7 +282,10 @@ impl Drop for OwnNode {
         // Not super::ctl: a panic while unwinding would abort.
         let _ = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/broker/ctl"))
             .arg("down")
-            .env("REDELIVER_TEST_BROKER_PORT", self.0.to_string())
+            .env(
+                "REDELIVER_TEST_BROKER_PORT",
+                super::node_port(self.0).to_string(),
+            )
             .output();
     }
 }

@@ -9,12 +9,31 @@ use std::sync::OnceLock;
 
 use lapin::{Connection, ConnectionProperties};
 
-/// Port of the shared test node (see `tests/broker/ctl`).
+/// Port of the shared test node (see `tests/broker/ctl`), before
+/// [`node_port`].
 pub fn default_port() -> u16 {
     std::env::var("REDELIVER_TEST_BROKER_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(5674)
+}
+
+/// Whether the test nodes run RabbitMQ 4.x (`REDELIVER_TEST_RABBITMQ=4` or
+/// `4.0`, which `tests/broker/ctl` reads too): CI runs the broker-facing
+/// suites once on 3.10 and once on 4.x.
+pub fn rabbitmq4() -> bool {
+    std::env::var("REDELIVER_TEST_RABBITMQ").is_ok_and(|v| v.starts_with('4'))
+}
+
+/// The port a test's node really listens on: a 4.x node sits 100 above its
+/// 3.10 counterpart, so a 4.x pass never meets a 3.10 node left running by
+/// the pass before it. Every ctl call goes through here.
+pub fn node_port(port: u16) -> u16 {
+    if rabbitmq4() {
+        port + 100
+    } else {
+        port
+    }
 }
 
 fn ctl_path() -> PathBuf {
@@ -30,7 +49,7 @@ pub fn ctl(port: u16, args: &[&str]) -> String {
 pub fn ctl_env(port: u16, args: &[&str], env: &[(&str, &str)]) -> String {
     let out = Command::new(ctl_path())
         .args(args)
-        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .env("REDELIVER_TEST_BROKER_PORT", node_port(port).to_string())
         .envs(env.iter().copied())
         .output()
         .expect("tests/broker/ctl could not be run");
@@ -47,7 +66,7 @@ pub fn ctl_env(port: u16, args: &[&str], env: &[(&str, &str)]) -> String {
 pub fn ctl_output(port: u16, args: &[&str]) -> String {
     let out = Command::new(ctl_path())
         .args(args)
-        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .env("REDELIVER_TEST_BROKER_PORT", node_port(port).to_string())
         .output()
         .expect("tests/broker/ctl could not be run");
     assert!(
@@ -66,15 +85,15 @@ pub fn broker_url() -> String {
 }
 
 /// A broker without the `x-delayed-message` type: `REDELIVER_PLAIN_AMQP_URL`
-/// when set, else the system broker on 5672 when one answers, else (a fresh
-/// machine) a second ctl node on 5673 started without the stand-in
+/// when set, else the system broker on 5672 when one answers (3.10 only),
+/// else (a fresh machine, or a 4.x pass) a ctl node on 5673 started without the stand-in
 /// (`REDELIVER_TEST_BROKER_PLAIN=1`). Resolved once per test process.
 pub fn plain_broker_url() -> String {
     static URL: OnceLock<String> = OnceLock::new();
     URL.get_or_init(|| {
         if let Ok(url) = std::env::var("REDELIVER_PLAIN_AMQP_URL") {
             url
-        } else if local_port_answers(5672) {
+        } else if !rabbitmq4() && local_port_answers(5672) {
             "amqp://guest:guest@127.0.0.1:5672/%2f".to_string()
         } else {
             ctl_env(5673, &["up"], &[("REDELIVER_TEST_BROKER_PLAIN", "1")])

@@ -14,6 +14,8 @@
 -behaviour(gen_server).
 
 -include_lib("rabbit_common/include/rabbit.hrl").
+%% kernel logger, not rabbit_log: the same calls on 3.10 and 4.x.
+-include_lib("kernel/include/logger.hrl").
 
 -export([start_link/0, hold/3, drop_exchange/1, held_count/0, held_for/1,
          routing_now/0, is_ready/0, overdue_at_start/0, wedge/1, unwedge/1]).
@@ -105,7 +107,7 @@ init([]) ->
     Now = now_ms(),
     Overdue = length(ets:select(?INDEX, [{{{'$1', '_'}, '_', '_'},
                                           [{'=<', '$1', Now}], [true]}])),
-    rabbit_log:info("x-delayed-message stand-in: ~b held message(s) recovered,"
+    ?LOG_INFO("x-delayed-message stand-in: ~b held message(s) recovered,"
                     " ~b already due", [ets:info(?INDEX, size), Overdue]),
     {ok, #st{fd = Fd, path = Path, seq = Seq, overdue_at_start = Overdue}}.
 
@@ -121,12 +123,12 @@ handle_call({drop_exchange, XName}, _From, St) ->
 handle_call(is_ready, _From, St) ->
     {reply, St#st.ready, St};
 handle_call({wedge, all}, _From, St) ->
-    rabbit_log:warning("x-delayed-message stand-in: wedged (no due message is routed)"),
+    ?LOG_WARNING("x-delayed-message stand-in: wedged (no due message is routed)"),
     {reply, ok, arm(St#st{wedged = all})};
 handle_call({wedge, _}, _From, St = #st{wedged = all}) ->
     {reply, ok, St};
 handle_call({wedge, XName}, _From, St = #st{wedged = Ws}) ->
-    rabbit_log:warning("x-delayed-message stand-in: wedged for ~ts", [rabbit_misc:rs(XName)]),
+    ?LOG_WARNING("x-delayed-message stand-in: wedged for ~ts", [rabbit_misc:rs(XName)]),
     {reply, ok, arm(St#st{wedged = lists:usort([XName | Ws])})};
 handle_call({unwedge, What}, _From, St = #st{wedged = Ws}) ->
     Left = case What of
@@ -134,7 +136,7 @@ handle_call({unwedge, What}, _From, St = #st{wedged = Ws}) ->
                _ when Ws =:= all -> all;
                XName -> lists:delete(XName, Ws)
            end,
-    rabbit_log:warning("x-delayed-message stand-in: unwedged (~p)", [What]),
+    ?LOG_WARNING("x-delayed-message stand-in: unwedged (~p)", [What]),
     St1 = St#st{wedged = Left},
     {reply, ok, case St1#st.ready of
                     true -> arm(route_due(St1));
@@ -189,7 +191,7 @@ flush(St = #st{pending = Pending, fd = Fd}) ->
              end,
     case Result of
         ok -> [ets:insert(?INDEX, {K, X, M}) || {_, K, X, M} <- Batch];
-        _ -> rabbit_log:error("x-delayed-message stand-in: write failed: ~p", [Result])
+        _ -> ?LOG_ERROR("x-delayed-message stand-in: write failed: ~p", [Result])
     end,
     [gen_server:reply(From, Result) || {From, _, _, _} <- Batch, From =/= nobody],
     St#st{pending = [], flush_queued = false}.
@@ -245,26 +247,39 @@ next_routable(_Key, #st{wedged = all}) -> '$end_of_table';
 next_routable(Key, #st{wedged = []}) -> ets:next(?INDEX, Key);
 next_routable(Key, #st{wedged = Ws}) -> skip_wedged(ets:next(?INDEX, Key), Ws).
 
-route_one(XName, Msg0, Force) ->
-    Msg = Msg0#basic_message{id = rabbit_guid:gen()},
+route_one(XName, Msg, Force) ->
     case rabbit_exchange:lookup(XName) of
         {ok, X} ->
-            Delivery = rabbit_basic:delivery(false, false, Msg, undefined),
             put(?ROUTING_NOW, true),
             try
-                Qs = rabbit_amqqueue:lookup_many(rabbit_exchange:route(X, Delivery)),
-                case Force orelse lists:all(fun ready/1, Qs) of
-                    true -> rabbit_amqqueue:deliver(Qs, Delivery), routed;
-                    false -> not_ready
-                end
+                deliver(X, Msg, Force)
             catch Class:Reason ->
-                    rabbit_log:error("x-delayed-message stand-in: routing failed: ~p:~p",
+                    ?LOG_ERROR("x-delayed-message stand-in: routing failed: ~p:~p",
                                      [Class, Reason]),
                     routed
             after
                 erase(?ROUTING_NOW)
             end;
         {error, not_found} -> routed
+    end.
+
+%% RabbitMQ 3.10: a #basic_message{}, given a fresh id (queues may
+%% deduplicate by it).
+deliver(X, #basic_message{} = Msg0, Force) ->
+    Msg = Msg0#basic_message{id = rabbit_guid:gen()},
+    Delivery = rabbit_basic:delivery(false, false, Msg, undefined),
+    Qs = rabbit_amqqueue:lookup_many(rabbit_exchange:route(X, Delivery)),
+    case Force orelse lists:all(fun ready/1, Qs) of
+        true -> rabbit_amqqueue:deliver(Qs, Delivery), routed;
+        false -> not_ready
+    end;
+%% RabbitMQ 4.x: an `mc` container, delivered the way the upstream 4.x
+%% series does it (stateless: no confirm, no channel).
+deliver(X, Mc, Force) ->
+    Qs = rabbit_db_queue:get_targets(rabbit_exchange:route(X, Mc)),
+    case Force orelse lists:all(fun ready/1, Qs) of
+        true -> _ = rabbit_queue_type:deliver(Qs, Mc, #{}, stateless), routed;
+        false -> not_ready
     end.
 
 %% A quorum queue takes a stateless delivery only once it has a leader
@@ -287,9 +302,10 @@ ready_now(Q) ->
         rabbit_quorum_queue ->
             case amqqueue:get_pid(Q) of
                 {Name, _LeaderNode} ->
-                    case catch ra:members({Name, node()}, 500) of
+                    try ra:members({Name, node()}, 500) of
                         {ok, _Members, _Leader} -> true;
                         _ -> false
+                    catch _:_ -> false
                     end;
                 _ -> false
             end;
