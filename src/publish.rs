@@ -12,7 +12,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde_json::value::RawValue;
 
 use crate::message::redact::REDACTED;
-use crate::message::state::is_cascade_header;
+use crate::message::state::{is_broker_count_header, is_cascade_header};
 use crate::message::{self, InvalidMessage};
 use crate::topology::Topology;
 
@@ -222,15 +222,16 @@ impl Publisher {
 ///   dead-lettering cycle on its next delay through a queue it passed
 ///   before, and the broker would never hand it on (RabbitMQ's cycle
 ///   detection).
-/// - `x-delivery-count`, which quorum queues add to a redelivered message
-///   (the hold queue's, for one): it counts another queue's deliveries.
+/// - `x-delivery-count` and `x-acquired-count`, which quorum queues add to
+///   a redelivered message (the hold queue's, for one): they count another
+///   queue's deliveries ([`is_broker_count_header`]).
 /// - the cascade's digits and due time of the last delay
 ///   ([`is_cascade_header`]): a delayed copy gets its own,
 ///   and elsewhere they mean nothing.
 pub fn strip_transit_headers(headers: &mut FieldTable) {
     retain_headers(headers, |k| {
         !(k == "x-death"
-            || k == "x-delivery-count"
+            || is_broker_count_header(k)
             || k.starts_with("x-first-death-")
             || k.starts_with("x-last-death-")
             || is_cascade_header(k))

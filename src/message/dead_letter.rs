@@ -10,8 +10,8 @@ use serde_json::value::RawValue;
 
 use crate::message::redact::{is_secret_header, redact_url, REDACTED};
 use crate::message::state::{
-    self, to_json, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT, H_HISTORY, H_ID, H_LAST_ERROR,
-    H_LAST_STATUS,
+    self, is_broker_count_header, to_json, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT,
+    H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS,
 };
 
 /// One dead letter. Serialised as one `--json` line: the notification's own
@@ -86,9 +86,9 @@ fn other_headers(headers: Option<&FieldTable>) -> serde_json::Map<String, serde_
         .map(|h| {
             h.inner()
                 .iter()
-                // x-delivery-count: added by a quorum dead-letter queue
-                // each time a walk returned the message; not the producer's.
-                .filter(|(k, _)| !ours.contains(&k.as_str()) && k.as_str() != "x-delivery-count")
+                // Added by a quorum dead-letter queue each time a walk
+                // returned the message; not the producer's.
+                .filter(|(k, _)| !ours.contains(&k.as_str()) && !is_broker_count_header(k.as_str()))
                 .map(|(k, v)| (k.to_string(), to_json(v)))
                 .collect()
         })

@@ -32,6 +32,14 @@ pub fn is_cascade_header(name: &str) -> bool {
     name.starts_with(H_CASCADE_PREFIX)
 }
 
+/// Whether a header is one a quorum queue adds to a message it hands out
+/// again: `x-delivery-count` (RabbitMQ 3.8+) and `x-acquired-count` (4.x).
+/// They count one queue's returns, not the notification's attempts, so a
+/// copy never carries them and nothing reads them as the producer's.
+pub fn is_broker_count_header(name: &str) -> bool {
+    name == "x-delivery-count" || name == "x-acquired-count"
+}
+
 /// Errors are cut to this many characters in headers.
 pub const MAX_ERROR_CHARS: usize = 512;
 /// Only the most recent attempts are kept, so headers stay small.
