@@ -44,7 +44,18 @@ pub struct BrokerSettings {
 
 /// How a retry waits out its delay (`--delay-backend`); the backends
 /// themselves live in `crate::delay`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum DelayBackend {
     /// The `x-delayed-message` exchange type (rabbitmq_delayed_message_exchange).
     #[default]
@@ -61,6 +72,13 @@ impl DelayBackend {
             DelayBackend::Plugin => "plugin",
             DelayBackend::Cascade => "cascade",
         }
+    }
+
+    /// The backend [`DelayBackend::as_str`] names, as headers carry it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [DelayBackend::Plugin, DelayBackend::Cascade]
+            .into_iter()
+            .find(|b| b.as_str() == name)
     }
 }
 

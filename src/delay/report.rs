@@ -13,6 +13,7 @@ use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel, Connection};
 use serde::{Deserialize, Serialize};
 
+use crate::config::DelayBackend;
 use crate::topology::{classify, work_args, QueueType, Topology, TopologyError};
 
 /// How often a worker repeats its report when nothing changed.
@@ -53,13 +54,24 @@ pub struct Report {
     pub failover_active: bool,
 }
 
+/// A backend as probes see it; in reports and `status` JSON as
+/// `routing`, `stalled` or `unknown`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeState {
+    Routing,
+    Stalled,
+    /// No probe back or overdue yet (and any state a newer build reports
+    /// that this one does not know).
+    #[serde(other)]
+    Unknown,
+}
+
 /// One backend as a worker's probes see it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BackendReport {
-    /// `plugin` or `cascade`.
-    pub backend: String,
-    /// `routing`, `stalled`, or `unknown` (no probe back or overdue yet).
-    pub state: String,
+    pub backend: DelayBackend,
+    pub state: ProbeState,
     /// Since when (ms since the Unix epoch): for `stalled`, when the
     /// first overdue probe was sent.
     pub since_ms: Option<u64>,
@@ -154,10 +166,10 @@ pub async fn read(conn: &Connection, t: &Topology) -> Vec<Report> {
 /// What `status` shows of one backend, from every worker's report.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Summary {
-    pub backend: String,
-    /// `stalled` if any worker sees it stalled, else `routing` if any
-    /// sees it routing, else `unknown`.
-    pub state: String,
+    pub backend: DelayBackend,
+    /// Stalled if any worker sees it stalled, else routing if any sees it
+    /// routing, else unknown.
+    pub state: ProbeState,
     /// For `stalled`: the earliest `since` among the workers that see it.
     pub since_ms: Option<u64>,
     /// Workers reporting this backend, and how many of them see it stalled.
@@ -172,9 +184,9 @@ pub fn summarize(reports: &[Report]) -> Vec<Summary> {
     let mut by: BTreeMap<&str, Summary> = BTreeMap::new();
     for r in reports {
         for b in &r.backends {
-            let s = by.entry(&b.backend).or_insert_with(|| Summary {
-                backend: b.backend.clone(),
-                state: "unknown".into(),
+            let s = by.entry(b.backend.as_str()).or_insert_with(|| Summary {
+                backend: b.backend,
+                state: ProbeState::Unknown,
                 since_ms: None,
                 workers: 0,
                 stalled_workers: 0,
@@ -182,16 +194,18 @@ pub fn summarize(reports: &[Report]) -> Vec<Summary> {
             });
             s.workers += 1;
             s.failover_workers += usize::from(r.failover_active);
-            match b.state.as_str() {
-                "stalled" => {
+            match b.state {
+                ProbeState::Stalled => {
                     s.stalled_workers += 1;
-                    s.state = "stalled".into();
+                    s.state = ProbeState::Stalled;
                     s.since_ms = match (s.since_ms, b.since_ms) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };
                 }
-                "routing" if s.state == "unknown" => s.state = "routing".into(),
+                ProbeState::Routing if s.state == ProbeState::Unknown => {
+                    s.state = ProbeState::Routing;
+                }
                 _ => {}
             }
         }
@@ -202,14 +216,15 @@ pub fn summarize(reports: &[Report]) -> Vec<Summary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ProbeState::*;
 
-    fn report(worker: &str, state: &str, since: u64, failover: bool) -> Report {
+    fn report(worker: &str, state: ProbeState, since: u64, failover: bool) -> Report {
         Report {
             worker: worker.into(),
             at_ms: 1,
             backends: vec![BackendReport {
-                backend: "plugin".into(),
-                state: state.into(),
+                backend: DelayBackend::Plugin,
+                state,
                 since_ms: Some(since),
                 last_round_trip_ms: None,
             }],
@@ -220,19 +235,35 @@ mod tests {
     #[test]
     fn one_stalled_worker_makes_the_backend_stalled_since_the_earliest() {
         let s = summarize(&[
-            report("a", "routing", 5, false),
-            report("b", "stalled", 30, true),
-            report("c", "stalled", 20, true),
+            report("a", Routing, 5, false),
+            report("b", Stalled, 30, true),
+            report("c", Stalled, 20, true),
         ]);
         assert_eq!(s.len(), 1);
-        assert_eq!(s[0].state, "stalled");
+        assert_eq!(s[0].state, Stalled);
         assert_eq!(s[0].since_ms, Some(20));
         assert_eq!((s[0].workers, s[0].stalled_workers), (3, 2));
         assert_eq!(s[0].failover_workers, 2);
         let s = summarize(&[
-            report("a", "unknown", 0, false),
-            report("b", "routing", 9, false),
+            report("a", Unknown, 0, false),
+            report("b", Routing, 9, false),
         ]);
-        assert_eq!(s[0].state, "routing");
+        assert_eq!(s[0].state, Routing);
+    }
+
+    /// Reports are JSON on the wire between builds: the names stay, and a
+    /// state this build does not know reads as unknown.
+    #[test]
+    fn reports_read_the_wire_names() {
+        let text = r#"{"worker":"h/1","at_ms":1,"failover_active":false,"backends":[
+            {"backend":"plugin","state":"stalled","since_ms":7,"last_round_trip_ms":null},
+            {"backend":"cascade","state":"draining","since_ms":null,"last_round_trip_ms":null}]}"#;
+        let r: Report = serde_json::from_str(text).expect("a report");
+        assert_eq!(r.backends[0].backend, DelayBackend::Plugin);
+        assert_eq!(r.backends[0].state, Stalled);
+        assert_eq!(r.backends[1].state, Unknown);
+        let back = serde_json::to_value(&r.backends[0]).expect("json");
+        assert_eq!(back["state"], "stalled");
+        assert_eq!(back["backend"], "plugin");
     }
 }

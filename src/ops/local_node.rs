@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-/// The port `tests/broker/ctl` uses when `REDELIVER_TEST_BROKER_PORT` is unset.
+/// The port `tests/broker/ctl` uses when `REDELIVER_TEST_BROKER_PORT` is unset
+/// (for RabbitMQ 3.10; see [`version_of`] for 4.x).
 const DEFAULT_PORT: u16 = 5674;
 
 /// How long a connect to 127.0.0.1 may take before the port counts as
@@ -30,9 +31,10 @@ fn url_for(port: u16) -> String {
 /// The running local node's OS process id, from the pid file `ctl` keeps
 /// under `target/test-broker/` (`None`: not running from this checkout).
 pub fn pid() -> Option<u32> {
+    let (tag, _) = version_of(std::env::var("REDELIVER_TEST_RABBITMQ").ok().as_deref());
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/test-broker")
-        .join(format!("node-{}", port()))
+        .join(format!("node{tag}-{}", port()))
         .join("node.pid");
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
@@ -62,16 +64,31 @@ pub async fn restart() -> anyhow::Result<()> {
     run_ctl(port(), &ctl_path(), "restart").await
 }
 
-/// The node's port, read the way the tests read it (`tests/common`), so the
-/// demo and `cargo test` talk to the same node.
+/// The node's port, read the way `ctl` reads it, so the demo, the bench
+/// and `cargo test` talk to the same node.
 fn port() -> u16 {
-    port_from(std::env::var("REDELIVER_TEST_BROKER_PORT").ok().as_deref())
+    let version = std::env::var("REDELIVER_TEST_RABBITMQ").ok();
+    let (_, default) = version_of(version.as_deref());
+    port_from(
+        std::env::var("REDELIVER_TEST_BROKER_PORT").ok().as_deref(),
+        default,
+    )
 }
 
 /// A missing or unparsable value means the default rather than an error:
 /// the caller only wants *a* local node.
-fn port_from(value: Option<&str>) -> u16 {
-    value.and_then(|p| p.parse().ok()).unwrap_or(DEFAULT_PORT)
+fn port_from(value: Option<&str>, default: u16) -> u16 {
+    value.and_then(|p| p.parse().ok()).unwrap_or(default)
+}
+
+/// `ctl`'s node-directory tag and default port for `REDELIVER_TEST_RABBITMQ`:
+/// a 4.x node runs from a Debian root of its own (see `tests/broker/ctl`).
+fn version_of(value: Option<&str>) -> (&'static str, u16) {
+    match value {
+        Some("4" | "4.3") => ("-forky", DEFAULT_PORT + 100),
+        Some("4.0") => ("-trixie", DEFAULT_PORT + 200),
+        _ => ("", DEFAULT_PORT),
+    }
 }
 
 /// Where `ctl` sat when this binary was built. A binary installed elsewhere
@@ -157,11 +174,13 @@ mod tests {
 
     #[test]
     fn port_defaults_and_parses() {
-        assert_eq!(port_from(None), 5674);
-        assert_eq!(port_from(Some("5690")), 5690);
-        assert_eq!(port_from(Some("")), 5674);
-        assert_eq!(port_from(Some("not-a-port")), 5674);
-        assert_eq!(port_from(Some("70000")), 5674);
+        assert_eq!(port_from(None, DEFAULT_PORT), 5674);
+        assert_eq!(port_from(Some("5690"), DEFAULT_PORT), 5690);
+        assert_eq!(version_of(Some("4")), ("-forky", 5774));
+        assert_eq!(version_of(None), ("", 5674));
+        assert_eq!(port_from(Some(""), DEFAULT_PORT), 5674);
+        assert_eq!(port_from(Some("not-a-port"), DEFAULT_PORT), 5674);
+        assert_eq!(port_from(Some("70000"), DEFAULT_PORT), 5674);
         assert_eq!(url_for(5690), "amqp://guest:guest@127.0.0.1:5690/%2f");
     }
 

@@ -4,6 +4,7 @@
 use std::io::{self, Write};
 
 use crate::config::DelayBackend;
+use crate::delay::report::ProbeState;
 use crate::message::dead_letter::DeadLetter;
 use crate::ops::status::{QueueStatus, Status};
 
@@ -122,15 +123,19 @@ fn probes(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
                 format!(" since {}", humantime::format_rfc3339_seconds(t))
             })
             .unwrap_or_default();
-        let state = match p.state.as_str() {
-            "stalled" => format!(
+        let state = match p.state {
+            ProbeState::Stalled => format!(
                 "STALLED{since} ({} of {} workers; retries through it are held; see docs/operations.md)",
                 p.stalled_workers, p.workers
             ),
-            "routing" => format!("routing ({} workers)", p.workers),
-            other => format!("{other} ({} workers; no probe back yet)", p.workers),
+            ProbeState::Routing => format!("routing ({} workers)", p.workers),
+            ProbeState::Unknown => format!("unknown ({} workers; no probe back yet)", p.workers),
         };
-        writeln!(out, "{:<14} {state}", format!("probe {}", p.backend))?;
+        writeln!(
+            out,
+            "{:<14} {state}",
+            format!("probe {}", p.backend.as_str())
+        )?;
         if p.failover_workers > 0 {
             writeln!(
                 out,

@@ -25,14 +25,15 @@ pub fn rabbitmq4() -> bool {
     std::env::var("REDELIVER_TEST_RABBITMQ").is_ok_and(|v| v.starts_with('4'))
 }
 
-/// The port a test's node really listens on: a 4.x node sits 100 above its
-/// 3.10 counterpart, so a 4.x pass never meets a 3.10 node left running by
-/// the pass before it. Every ctl call goes through here.
+/// The port a test's node really listens on: a 4.3 node sits 100 above its
+/// 3.10 counterpart and a 4.0 node 200, so one version's pass never meets
+/// another's node left running by the pass before it. Every ctl call goes
+/// through here.
 pub fn node_port(port: u16) -> u16 {
-    if rabbitmq4() {
-        port + 100
-    } else {
-        port
+    match std::env::var("REDELIVER_TEST_RABBITMQ").as_deref() {
+        Ok("4.0") => port + 200,
+        Ok(v) if v.starts_with('4') => port + 100,
+        _ => port,
     }
 }
 

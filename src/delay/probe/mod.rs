@@ -123,7 +123,10 @@ impl Prober {
             DelayBackend::Plugin => p.bind_plugin().await?,
             DelayBackend::Cascade => p.bind_cascade().await?,
         }
-        let reports = crate::delay::report::read(conn, topology).await;
+        let reports = match watch.can_adopt() {
+            true => crate::delay::report::read(conn, topology).await,
+            false => vec![],
+        };
         if watch.adopt_reported_stall(&reports) || watch.failover_on() {
             // The publisher routes to the cascade from the first retry.
             // If it cannot be declared, retries stay on the plugin (and
@@ -184,10 +187,13 @@ impl Prober {
         why
     }
 
-    /// A failover whose declaration failed is tried again (every report).
+    /// A failover whose declaration failed is tried again (every report),
+    /// bounded like the first try: a broker that does not answer must not
+    /// hold up the probe loop.
     async fn retry_failover(&mut self) {
         if self.watch.wants_failover() && !self.watch.failover_on() {
-            if let Err(e) = self.failover().await {
+            let declared = tokio::time::timeout(FAILOVER_TIMEOUT, self.failover()).await;
+            if let Err(e) = declared.unwrap_or(Err(ProbeError::Timeout(FAILOVER_TIMEOUT))) {
                 tracing::error!(error = %e, "failing over to the cascade failed again; retries stay on the plugin");
             }
         }
@@ -247,13 +253,9 @@ impl Prober {
     async fn back(&mut self, d: &Delivery) {
         let headers = d.properties.headers().as_ref();
         let seq = state::get(headers, H_SEQ).and_then(state::int);
-        let backend = match state::get(headers, H_BACKEND)
-            .and_then(state::string)
-            .as_deref()
-        {
-            Some("plugin") => DelayBackend::Plugin,
-            Some("cascade") => DelayBackend::Cascade,
-            _ => return,
+        let name = state::get(headers, H_BACKEND).and_then(state::string);
+        let Some(backend) = name.as_deref().and_then(DelayBackend::from_name) else {
+            return;
         };
         let Some(seq) = seq.and_then(|s| u64::try_from(s).ok()) else {
             return;

@@ -11,7 +11,7 @@ use super::book::{Book, Change, State};
 use crate::config::{DelayBackend, DelayFailover, ProbeSettings};
 use crate::delay::cascade;
 use crate::delay::failover::Switch;
-use crate::delay::report::{BackendReport, Report};
+use crate::delay::report::{BackendReport, ProbeState, Report};
 use crate::telemetry::{self, Health};
 use crate::topology::Topology;
 
@@ -173,15 +173,21 @@ impl Watch {
     /// worker reports the plugin stalled (`reports`, fresh ones), this one
     /// takes its word, so a worker started during a stall does not send
     /// its first retries into it. Its own probes clear it if it is wrong.
+    /// Whether this worker could fail over on other workers' reports (a
+    /// plugin worker with `--delay-failover cascade`); only then are they
+    /// read at a session's start.
+    pub(super) fn can_adopt(&self) -> bool {
+        self.settings.failover == DelayFailover::Cascade && self.primary == DelayBackend::Plugin
+    }
+
     pub(super) fn adopt_reported_stall(&self, reports: &[Report]) -> bool {
-        if self.settings.failover != DelayFailover::Cascade || self.primary != DelayBackend::Plugin
-        {
+        if !self.can_adopt() {
             return false;
         }
         let since = reports
             .iter()
             .flat_map(|r| &r.backends)
-            .filter(|b| b.backend == DelayBackend::Plugin.as_str() && b.state == "stalled")
+            .filter(|b| b.backend == DelayBackend::Plugin && b.state == ProbeState::Stalled)
             .filter_map(|b| b.since_ms)
             .min();
         let Some(since_ms) = since else {
@@ -238,13 +244,13 @@ impl Watch {
                 continue;
             };
             let (state, since) = match book.state() {
-                State::Unknown => ("unknown", None),
-                State::Routing { since } => ("routing", Some(since)),
-                State::Stalled { since, .. } => ("stalled", Some(since)),
+                State::Unknown => (ProbeState::Unknown, None),
+                State::Routing { since } => (ProbeState::Routing, Some(since)),
+                State::Stalled { since, .. } => (ProbeState::Stalled, Some(since)),
             };
             backends.push(BackendReport {
-                backend: backend.as_str().into(),
-                state: state.into(),
+                backend,
+                state,
                 since_ms: since.map(epoch_ms),
                 last_round_trip_ms: book.last_round_trip().map(|d| d.as_millis() as u64),
             });
