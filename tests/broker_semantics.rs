@@ -4,7 +4,7 @@
 //! - 4.0 gave quorum queues a default delivery limit of 20, past which a
 //!   returned message is dropped (or dead-lettered), and in 4.3
 //!   `basic.reject` counts toward it;
-//! - 4.x adds `x-acquired-count` beside `x-delivery-count` to a message it
+//! - 4.3 adds `x-acquired-count` beside `x-delivery-count` to a message it
 //!   hands out again.
 //!
 //! The cascade's at-least-once dead-lettering through a node crash is
@@ -75,7 +75,8 @@ async fn a_work_message_returned_25_times_is_still_delivered_as_attempt_1() {
     let count = counts.inner().get("x-delivery-count");
     println!("the last return carried x-delivery-count {count:?}");
     assert!(count.is_some(), "a quorum queue counts returns: {counts:?}");
-    if common::rabbitmq4() {
+    // 4.3 adds x-acquired-count too (4.0.5 does not).
+    if common::rabbitmq4() && std::env::var("REDELIVER_TEST_RABBITMQ").as_deref() != Ok("4.0") {
         assert!(
             counts.inner().contains_key("x-acquired-count"),
             "{counts:?}"

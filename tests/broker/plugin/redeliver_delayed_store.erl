@@ -253,9 +253,9 @@ route_one(XName, Msg, Force) ->
             put(?ROUTING_NOW, true),
             try
                 deliver(X, Msg, Force)
-            catch Class:Reason ->
-                    ?LOG_ERROR("x-delayed-message stand-in: routing failed: ~p:~p",
-                                     [Class, Reason]),
+            catch Class:Reason:Stack ->
+                    ?LOG_ERROR("x-delayed-message stand-in: routing failed: ~p:~p ~p",
+                               [Class, Reason, Stack]),
                     routed
             after
                 erase(?ROUTING_NOW)
@@ -276,10 +276,20 @@ deliver(X, #basic_message{} = Msg0, Force) ->
 %% RabbitMQ 4.x: an `mc` container, delivered the way the upstream 4.x
 %% series does it (stateless: no confirm, no channel).
 deliver(X, Mc, Force) ->
-    Qs = rabbit_db_queue:get_targets(rabbit_exchange:route(X, Mc)),
+    Qs = targets(rabbit_exchange:route(X, Mc)),
     case Force orelse lists:all(fun ready/1, Qs) of
         true -> _ = rabbit_queue_type:deliver(Qs, Mc, #{}, stateless), routed;
         false -> not_ready
+    end.
+
+%% The queue records of routed names: 4.3 looks them up with
+%% rabbit_db_queue:get_targets/1, 4.0 (where that is missing) with
+%% rabbit_amqqueue:lookup_many/1 (gone in 4.3).
+targets(QNames) ->
+    _ = code:ensure_loaded(rabbit_db_queue),
+    case erlang:function_exported(rabbit_db_queue, get_targets, 1) of
+        true -> rabbit_db_queue:get_targets(QNames);
+        false -> rabbit_amqqueue:lookup_many(QNames)
     end.
 
 %% A quorum queue takes a stateless delivery only once it has a leader
