@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 /// The port `tests/broker/ctl` uses when `REDELIVER_TEST_BROKER_PORT` is unset
-/// (for RabbitMQ 3.10; see [`version_of`] for 4.x).
+/// (for RabbitMQ 3.10; see [`test_rabbitmq`] for 4.x).
 const DEFAULT_PORT: u16 = 5674;
 
 /// How long a connect to 127.0.0.1 may take before the port counts as
@@ -31,10 +31,14 @@ fn url_for(port: u16) -> String {
 /// The running local node's OS process id, from the pid file `ctl` keeps
 /// under `target/test-broker/` (`None`: not running from this checkout).
 pub fn pid() -> Option<u32> {
-    let (tag, _) = version_of(std::env::var("REDELIVER_TEST_RABBITMQ").ok().as_deref());
+    let (suite, port) = (test_rabbitmq().0, port());
+    let dir = match suite {
+        Some(suite) => format!("node-{suite}-{port}"),
+        None => format!("node-{port}"),
+    };
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/test-broker")
-        .join(format!("node{tag}-{}", port()))
+        .join(dir)
         .join("node.pid");
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
@@ -67,8 +71,7 @@ pub async fn restart() -> anyhow::Result<()> {
 /// The node's port, read the way `ctl` reads it, so the demo, the bench
 /// and `cargo test` talk to the same node.
 fn port() -> u16 {
-    let version = std::env::var("REDELIVER_TEST_RABBITMQ").ok();
-    let (_, default) = version_of(version.as_deref());
+    let (_, default) = test_rabbitmq();
     port_from(
         std::env::var("REDELIVER_TEST_BROKER_PORT").ok().as_deref(),
         default,
@@ -81,13 +84,19 @@ fn port_from(value: Option<&str>, default: u16) -> u16 {
     value.and_then(|p| p.parse().ok()).unwrap_or(default)
 }
 
-/// `ctl`'s node-directory tag and default port for `REDELIVER_TEST_RABBITMQ`:
-/// a 4.x node runs from a Debian root of its own (see `tests/broker/ctl`).
-fn version_of(value: Option<&str>) -> (&'static str, u16) {
+/// The local test node's RabbitMQ, read from `REDELIVER_TEST_RABBITMQ` as
+/// `tests/broker/ctl` reads it: the Debian suite a 4.x node runs from
+/// (`None`: the machine's own 3.10) and the node's default port. The tests
+/// put every node they start the same distance from its 3.10 port.
+pub fn test_rabbitmq() -> (Option<&'static str>, u16) {
+    version_of(std::env::var("REDELIVER_TEST_RABBITMQ").ok().as_deref())
+}
+
+fn version_of(value: Option<&str>) -> (Option<&'static str>, u16) {
     match value {
-        Some("4" | "4.3") => ("-forky", DEFAULT_PORT + 100),
-        Some("4.0") => ("-trixie", DEFAULT_PORT + 200),
-        _ => ("", DEFAULT_PORT),
+        Some("4" | "4.3") => (Some("forky"), DEFAULT_PORT + 100),
+        Some("4.0") => (Some("trixie"), DEFAULT_PORT + 200),
+        _ => (None, DEFAULT_PORT),
     }
 }
 
@@ -176,8 +185,9 @@ mod tests {
     fn port_defaults_and_parses() {
         assert_eq!(port_from(None, DEFAULT_PORT), 5674);
         assert_eq!(port_from(Some("5690"), DEFAULT_PORT), 5690);
-        assert_eq!(version_of(Some("4")), ("-forky", 5774));
-        assert_eq!(version_of(None), ("", 5674));
+        assert_eq!(version_of(Some("4")), (Some("forky"), 5774));
+        assert_eq!(version_of(Some("4.0")), (Some("trixie"), 5874));
+        assert_eq!(version_of(None), (None, 5674));
         assert_eq!(port_from(Some(""), DEFAULT_PORT), 5674);
         assert_eq!(port_from(Some("not-a-port"), DEFAULT_PORT), 5674);
         assert_eq!(port_from(Some("70000"), DEFAULT_PORT), 5674);

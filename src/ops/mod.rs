@@ -5,6 +5,8 @@ mod demo_receiver;
 pub mod dlq;
 pub(crate) mod local_cluster;
 pub(crate) mod local_node;
+
+pub use local_node::test_rabbitmq;
 pub mod management;
 pub(crate) mod render;
 pub mod status;

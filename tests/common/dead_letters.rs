@@ -58,3 +58,17 @@ pub fn ids_of(json_lines: &str) -> Vec<String> {
     rows.map(|r| r["id"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// `after` (drained from a dead-letter queue) holds exactly `items`, in
+/// order, with the same bytes and headers, but for the counts a quorum
+/// queue adds each time a walk returns a message (`x-delivery-count`, and
+/// on 4.3 `x-acquired-count`).
+pub fn assert_unchanged(after: &[super::harness::DeadLetter], items: &[(Vec<u8>, FieldTable)]) {
+    assert_eq!(after.len(), items.len(), "every dead letter is still there");
+    for (got, (body, headers)) in after.iter().zip(items) {
+        assert_eq!(&got.body, body, "same order, same bytes");
+        let mut got = got.headers.clone();
+        redeliver::publish::retain_headers(&mut got, |k| !is_broker_count_header(k));
+        assert_eq!(&got, headers, "headers unchanged");
+    }
+}

@@ -19,22 +19,18 @@ pub fn default_port() -> u16 {
 }
 
 /// Whether the test nodes run RabbitMQ 4.x (`REDELIVER_TEST_RABBITMQ=4` or
-/// `4.0`, which `tests/broker/ctl` reads too): CI runs the broker-facing
-/// suites once on 3.10 and once on 4.x.
+/// `4.0`, read as `tests/broker/ctl` and the library read it): CI runs the
+/// broker-facing suites once on 3.10 and once on 4.3.
 pub fn rabbitmq4() -> bool {
-    std::env::var("REDELIVER_TEST_RABBITMQ").is_ok_and(|v| v.starts_with('4'))
+    redeliver::ops::test_rabbitmq().0.is_some()
 }
 
-/// The port a test's node really listens on: a 4.3 node sits 100 above its
-/// 3.10 counterpart and a 4.0 node 200, so one version's pass never meets
-/// another's node left running by the pass before it. Every ctl call goes
-/// through here.
+/// The port a test's node really listens on: as far from its 3.10 port as
+/// the version's default node is from 5674 (4.3: 100, 4.0: 200), so one
+/// version's pass never meets another's node left running by the pass
+/// before it. Every ctl call goes through here.
 pub fn node_port(port: u16) -> u16 {
-    match std::env::var("REDELIVER_TEST_RABBITMQ").as_deref() {
-        Ok("4.0") => port + 200,
-        Ok(v) if v.starts_with('4') => port + 100,
-        _ => port,
-    }
+    port + (redeliver::ops::test_rabbitmq().1 - 5674)
 }
 
 fn ctl_path() -> PathBuf {

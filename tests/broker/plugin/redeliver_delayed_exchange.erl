@@ -56,28 +56,21 @@ serialise_events() -> false.
 %% with their original headers (upstream rewrites `x-delay` instead).
 %% RabbitMQ 3.10: a #delivery{} carrying a #basic_message{}.
 route(X, #delivery{message = Msg} = Delivery) ->
-    Mod = type_module(X),
-    case redeliver_delayed_store:routing_now() of
-        true -> Mod:route(X, Delivery);
-        false ->
-            case delay_ms(Msg) of
-                none -> Mod:route(X, Delivery);
-                {ok, Ms} -> hold(X, Ms, Msg)
-            end
-    end.
+    route_or_hold(X, Msg, fun() -> (type_module(X)):route(X, Delivery) end).
 
 %% RabbitMQ 4.x: an `mc` message container. 4.x keeps its direct-routing
 %% index and its topic trie only for exchanges of those types, so neither
 %% has this exchange's bindings: direct routing matches the binding table
 %% (as the upstream 4.x series does) and topic patterns are matched here.
 route(X, Mc, Opts) ->
-    case redeliver_delayed_store:routing_now() of
-        true -> route_now(X, Mc, Opts);
-        false ->
-            case delay_ms(Mc) of
-                none -> route_now(X, Mc, Opts);
-                {ok, Ms} -> hold(X, Ms, Mc)
-            end
+    route_or_hold(X, Mc, fun() -> route_now(X, Mc, Opts) end).
+
+%% Both versions: a due message (routing_now) or one without a valid delay
+%% is routed by RouteNow; any other is held.
+route_or_hold(X, Msg, RouteNow) ->
+    case redeliver_delayed_store:routing_now() orelse delay_ms(Msg) of
+        {ok, Ms} -> hold(X, Ms, Msg);
+        _RoutingNowOrNone -> RouteNow()
     end.
 
 route_now(#exchange{name = XName} = X, Mc, Opts) ->

@@ -269,16 +269,18 @@ deliver(X, #basic_message{} = Msg0, Force) ->
     Msg = Msg0#basic_message{id = rabbit_guid:gen()},
     Delivery = rabbit_basic:delivery(false, false, Msg, undefined),
     Qs = rabbit_amqqueue:lookup_many(rabbit_exchange:route(X, Delivery)),
-    case Force orelse lists:all(fun ready/1, Qs) of
-        true -> rabbit_amqqueue:deliver(Qs, Delivery), routed;
-        false -> not_ready
-    end;
+    when_ready(Qs, Force, fun() -> rabbit_amqqueue:deliver(Qs, Delivery) end);
 %% RabbitMQ 4.x: an `mc` container, delivered the way the upstream 4.x
 %% series does it (stateless: no confirm, no channel).
 deliver(X, Mc, Force) ->
     Qs = targets(rabbit_exchange:route(X, Mc)),
+    when_ready(Qs, Force, fun() -> rabbit_queue_type:deliver(Qs, Mc, #{}, stateless) end).
+
+%% Delivers once every target queue can take a stateless delivery (or the
+%% wait for one has run out).
+when_ready(Qs, Force, Deliver) ->
     case Force orelse lists:all(fun ready/1, Qs) of
-        true -> _ = rabbit_queue_type:deliver(Qs, Mc, #{}, stateless), routed;
+        true -> _ = Deliver(), routed;
         false -> not_ready
     end.
 
