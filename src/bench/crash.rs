@@ -2,9 +2,10 @@
 //! retry settle.
 //!
 //! A failed delivery's retry copy is published (with a publisher confirm)
-//! before its original is acked. With `--retry-settle 2s` the original stays
-//! unacked 2 s after that confirm, because the upstream delayed-message
-//! plugin confirms before it writes to disk; a crash inside those 2 s makes
+//! before its original is acked. With `--retry-settle 3s` (the plugin
+//! backend's default) the original stays unacked 3 s after that confirm,
+//! because the upstream delayed-message plugin confirms before it writes to
+//! disk; a crash inside those 3 s makes
 //! the broker deliver the original again, a duplicate the endpoint sees.
 //! With `0s` the window is only the confirm's round trip. Each run preloads
 //! notifications that fail once and then succeed, crashes once while the
@@ -29,7 +30,7 @@ use crate::ops::local_node;
 /// attempts: originals are failing, their retry copies are being
 /// published and confirmed, and with a settle the recent ones are held, as
 /// in the steady retry traffic of a failing endpoint. Half, not less: at
-/// [`PACE`] the run has then lasted longer than the 2 s settle, so what is
+/// [`PACE`] the run has then lasted about as long as the 3 s settle, so what is
 /// held is the settle's worth, not all the run has seen so far.
 const CRASH_AT: f64 = 0.5;
 
@@ -44,8 +45,9 @@ const QUIET: Duration = Duration::from_millis(1500);
 /// second. The duplicates a settle causes grow with this pace.
 const PACE: Duration = Duration::from_millis(40);
 
-/// The settles compared: the plugin backend's default, and none.
-const SETTLES: [&str; 2] = ["2s", "0s"];
+/// The settles compared: the plugin backend's default (3 s, from the
+/// confirm-window phase), the 2 s default before it, and none.
+const SETTLES: [&str; 3] = ["3s", "2s", "0s"];
 
 /// What goes wrong mid-run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,8 +104,10 @@ impl Bench {
                 totals.push(d.total() as f64);
             }
             // What the settle costs in duplicates, the figure to choose by.
-            let name = format!("duplicates the 2s settle adds, {}", crash.label());
-            self.push(Phase::Crash, name, Some(totals[0] - totals[1]), "msg");
+            // The first settle's (the default's) against none, the last.
+            let added = totals.first().zip(totals.last()).map(|(s, z)| s - z);
+            let name = format!("duplicates the 3s settle adds, {}", crash.label());
+            self.push(Phase::Crash, name, added, "msg");
         }
         Ok(())
     }
@@ -112,7 +116,7 @@ impl Bench {
     /// needs `tests/broker/ctl` and the node it runs; under `--quick` (CI's
     /// `tests/bench.rs`) that node is shared with tests running beside the
     /// bench, which a restart would break.
-    fn restart_refused(&self) -> Option<&'static str> {
+    pub(super) fn restart_refused(&self) -> Option<&'static str> {
         if self.opts.quick {
             Some("--quick runs on the local test node shared with other tests")
         } else if self.opts.broker_pid.is_none() {

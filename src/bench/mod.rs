@@ -23,6 +23,7 @@ mod procs;
 mod report;
 mod sink;
 mod timed;
+mod window;
 
 pub use options::{BenchOptions, Phase};
 pub use report::{Figure, Report};

@@ -42,6 +42,11 @@ pub enum Phase {
     /// 13. Probe cost: an idle worker's and the broker's CPU with the
     ///     delay backend's liveness probe on (the default) and off.
     ProbeCost,
+    /// 14. The delay plugin's confirm window: delayed copies published
+    ///     with confirms, a broker kill -9 a round, the copies lost and how
+    ///     long before the kill they were confirmed. Runs only when named
+    ///     (it kills the local test node 15 times), not in a full run.
+    ConfirmWindow,
 }
 
 impl Phase {
@@ -76,6 +81,7 @@ impl Phase {
             Phase::Crash => "11 crash",
             Phase::Flaky => "12 flaky receiver",
             Phase::ProbeCost => "13 probe cost",
+            Phase::ConfirmWindow => "14 confirm window",
         }
     }
 }

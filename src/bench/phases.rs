@@ -72,6 +72,7 @@ impl Bench {
             Phase::Crash => self.crash().await,
             Phase::Flaky => self.flaky().await,
             Phase::ProbeCost => self.probe_cost().await,
+            Phase::ConfirmWindow => self.confirm_window().await,
         }
     }
 
@@ -356,7 +357,7 @@ impl Bench {
     }
 
     /// The ideal retry loop first, then the real worker on the default
-    /// flags: with `--retry-settle 2s` (the safe path for the upstream
+    /// flags: with `--retry-settle 3s` (the safe path for the upstream
     /// plugin, and its default) and with `0s` (the cascade's default), to
     /// show what the settle costs; then with `--breaker-failures 0` at the
     /// backend's default settle, to show the breaker costs a receiver that
@@ -367,20 +368,20 @@ impl Bench {
         let n = self.sizes.retry_n;
         let ideal = self.ideal_retry(n).await?;
         let plugin = self.opts.broker.delay == crate::config::DelayBackend::Plugin;
-        // Explicit: 2 s is the plugin backend's default, not the cascade's.
-        let (settled, rss) = self.retry_run(n, &["--retry-settle", "2s"]).await?;
-        let name = "successes, --retry-settle 2s (the plugin's default)";
+        // Explicit: 3 s is the plugin backend's default, not the cascade's.
+        let (settled, rss) = self.retry_run(n, &["--retry-settle", "3s"]).await?;
+        let name = "successes, --retry-settle 3s (the plugin's default)";
         self.push(p, name, Some(settled), "msg/s");
-        // Held originals keep only their ackers: memory stays flat.
+        // Held originals keep only their delivery tags: memory stays flat.
         let rss = Some(rss).filter(|r| r.is_finite());
-        self.push(p, "worker peak RSS, settle 2s", rss, "MiB");
-        self.retry_ratios("settle 2s", settled, ideal, plugin);
+        self.push(p, "worker peak RSS, settle 3s", rss, "MiB");
+        self.retry_ratios("settle 3s", settled, ideal, plugin);
         let (off, _) = self.retry_run(n, &["--retry-settle", "0s"]).await?;
         self.push(p, "successes, --retry-settle 0s", Some(off), "msg/s");
         self.retry_ratios("settle 0s", off, ideal, !plugin);
         // What the settle costs in rate: held originals must not take the
         // prefetch from deliveries waiting for an attempt.
-        let name = "settle 2s ÷ settle 0s";
+        let name = "settle 3s ÷ settle 0s";
         self.push_target(p, name, Some(settled / off), "x", "≥ 0.80", |r| r >= 0.80);
         let (no_breaker, _) = self.retry_run(n, &["--breaker-failures", "0"]).await?;
         let default = if plugin { settled } else { off };
@@ -396,19 +397,19 @@ impl Bench {
         Ok(())
     }
 
-    /// A retry run's ratios to end to end and to the ideal retry loop,
-    /// with their targets when `targeted` (the backend's default settle).
+    /// A retry run's ratios to end to end (reported only: a retry is two
+    /// broker round trips and a timer, so the ideal retry loop itself is a
+    /// fraction of end to end) and to the ideal retry loop, with its target
+    /// when `targeted` (the backend's default settle).
     fn retry_ratios(&mut self, run: &str, rate: f64, ideal: f64, targeted: bool) {
         let p = Phase::Retry;
         let e2e = self.e2e_per_s.map(|e| rate / e);
-        let name = format!("ratio to end to end ({run})");
+        self.push(p, format!("ratio to end to end ({run})"), e2e, "x");
         let to_ideal = Some(rate / ideal);
         let ideal_name = format!("ratio to ideal retry loop ({run})");
         if targeted {
-            self.push_target(p, name, e2e, "x", "≥ 0.50", |r| r >= 0.50);
-            self.push_target(p, ideal_name, to_ideal, "x", "≥ 0.70", |r| r >= 0.70);
+            self.push_target(p, ideal_name, to_ideal, "x", "≥ 0.85", |r| r >= 0.85);
         } else {
-            self.push(p, name, e2e, "x");
             self.push(p, ideal_name, to_ideal, "x");
         }
     }

@@ -206,7 +206,10 @@ pub struct DlqExportArgs {
 #[derive(Debug, Args, Clone)]
 #[command(
     after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy, \
-cluster, crash, flaky (all by default). Workers run as `redeliver run` processes of this executable. \
+cluster, crash, flaky, probe-cost (all by default), and confirm-window, which runs only when \
+named: it kills the local test node with -9 fifteen times to measure the delay plugin's confirm \
+window (run it on a node of its own, with REDELIVER_TEST_UPSTREAM_PLUGIN for the upstream plugin). \
+Workers run as `redeliver run` processes of this executable. \
 Against the local test node unless --amqp-url is given; the cluster phase against \
 --cluster-url, or else the local three-node test cluster, started for it and stopped \
 after. The crash phase restarts the broker only when it is the local test node \
@@ -293,10 +296,10 @@ pub struct RunArgs {
     pub confirm_timeout: Duration,
     /// Keep a retried original unacked this long after its delayed copy was
     /// confirmed. The upstream delayed-message plugin confirms before its
-    /// disk write (a broker kill -9 within ~1.5 s loses the copy); until the
-    /// ack, the broker would redeliver the original instead. 0s turns it off.
-    /// [default: 2s with --delay-backend plugin; 0s with cascade, which
-    /// confirms only what is on disk]
+    /// disk write (a broker kill -9 loses copies confirmed up to 2 s
+    /// earlier); until the ack, the broker would redeliver the original
+    /// instead. 0s turns it off. [default: 3s with --delay-backend plugin;
+    /// 0s with cascade, which confirms only what is on disk]
     #[arg(long, env = "REDELIVER_RETRY_SETTLE", value_parser = duration)]
     pub retry_settle: Option<Duration>,
     /// Send a tiny probe through the delay backend this often, on the path

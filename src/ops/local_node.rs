@@ -68,6 +68,51 @@ pub async fn restart() -> anyhow::Result<()> {
     run_ctl(port(), &ctl_path(), "restart").await
 }
 
+/// Sends SIGKILL to the local node's process (no clean stop: what the
+/// node had not written is lost, as in a crash) and returns once the
+/// process is gone, so that `ctl up` starts a new one rather than wait
+/// for the dying one. The caller takes the moment before the call as the
+/// crash's.
+pub async fn kill_9(pid: u32) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .stdin(Stdio::null())
+        .status()
+        .await
+        .context("running kill -9")?;
+    anyhow::ensure!(status.success(), "kill -9 {pid} failed ({status})");
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    for _ in 0..1000 {
+        if !proc_dir.exists() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    anyhow::bail!("the node's process {pid} was still there 10 s after kill -9")
+}
+
+/// Starts the local node again with `tests/broker/ctl up` (after
+/// [`kill_9`]); returns once it accepts connections.
+pub async fn start() -> anyhow::Result<()> {
+    run_ctl(port(), &ctl_path(), "up").await
+}
+
+/// Runs an Erlang expression on the local node (`ctl rabbitmqctl eval`)
+/// and returns the last line it printed: the bench's look into the delay
+/// plugin's tables after a crash.
+pub async fn eval(expr: &str) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new(ctl_path())
+        .args(["rabbitmqctl", "eval", expr])
+        .env("REDELIVER_TEST_BROKER_PORT", port().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running tests/broker/ctl rabbitmqctl eval")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(out.status.success(), "rabbitmqctl eval failed: {text}");
+    Ok(text.lines().last().unwrap_or_default().trim().to_string())
+}
+
 /// The node's port, read the way `ctl` reads it, so the demo, the bench
 /// and `cargo test` talk to the same node.
 fn port() -> u16 {

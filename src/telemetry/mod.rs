@@ -44,6 +44,9 @@ impl LogFormat {
     }
 }
 
+/// The log thread's write buffer (see [`init`]).
+const LOG_BUFFER: usize = 64 * 1024;
+
 /// Keeps the log writer's thread alive; dropping it flushes what is left.
 /// Hold it until the process ends.
 pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
@@ -52,6 +55,11 @@ pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGu
 /// write to a slow pipe or log collector (one line per attempt), and lines
 /// reach stderr in batches. Lines queue up to 128,000 deep; past that the
 /// worker waits rather than drop one.
+///
+/// The thread writes every line it finds queued into a buffer and flushes
+/// it once the queue is empty: one `write` for a batch, not one per line
+/// (at 30,000 attempts a second, a syscall per line was a tenth of the
+/// worker's CPU). A lone line is still flushed at once.
 pub fn init(format: LogFormat) -> LogGuard {
     init_with_default(format, "info,lapin=off")
 }
@@ -68,7 +76,10 @@ pub fn init_with_default(format: LogFormat, default: &str) -> LogGuard {
     };
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
-        .finish(std::io::stderr());
+        .finish(std::io::BufWriter::with_capacity(
+            LOG_BUFFER,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);

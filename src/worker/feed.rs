@@ -31,7 +31,10 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
+
+use super::acks::{Acks, Settle};
 
 use crate::telemetry::{self, GaugeGuard};
 
@@ -44,6 +47,8 @@ const MAX_LIVE: usize = 64;
 pub(super) struct Generation {
     channel: Channel,
     tag: String,
+    /// Its deliveries' acks and requeues, in order (see `acks.rs`).
+    acks: Acks,
     /// Originals of this consumer held for the settle right now.
     held: AtomicUsize,
     /// Set when a newer consumer took over.
@@ -92,6 +97,17 @@ const CLOSE_AFTER: Duration = Duration::from_secs(1);
 pub struct Lease(Arc<Generation>);
 
 impl Lease {
+    /// Acks delivery `tag` of this lease's channel (sent by the channel's
+    /// ack task, maybe with others in one frame).
+    pub fn ack(&self, tag: u64) {
+        self.0.acks.settle(Settle::Ack(tag));
+    }
+
+    /// Returns delivery `tag` to the queue.
+    pub fn requeue(&self, tag: u64) {
+        self.0.acks.settle(Settle::Requeue(tag));
+    }
+
     /// Counts a retried original as held for the settle until the returned
     /// guard drops, and asks for a rotation when the current consumer holds
     /// too many.
@@ -129,6 +145,8 @@ struct Subscriber {
     rotate: Arc<Notify>,
     live: Arc<AtomicUsize>,
     ending: Arc<AtomicBool>,
+    /// The channels' ack tasks.
+    ack_tasks: TaskTracker,
 }
 
 /// The current consumer and the retired ones still delivering what they
@@ -160,6 +178,7 @@ impl Feed {
             rotate: Arc::new(Notify::new()),
             live: Arc::new(AtomicUsize::new(0)),
             ending: Arc::new(AtomicBool::new(false)),
+            ack_tasks: TaskTracker::new(),
         };
         let (current, deliveries) = subscriber.subscribe().await?;
         let mut streams = SelectAll::new();
@@ -224,6 +243,13 @@ impl Feed {
         cancel(&old).await
     }
 
+    /// The channels' ack tasks: each ends once its consumer's deliveries
+    /// are all settled and the feed is dropped; wait for them before the
+    /// connection closes, or the last acks never leave.
+    pub(super) fn ack_tasks(&self) -> TaskTracker {
+        self.subscriber.ack_tasks.clone()
+    }
+
     /// Cancels the current consumer (shutdown): deliveries it already sent
     /// still come out of [`Feed::next`].
     pub(super) async fn cancel_current(&self) -> Result<(), lapin::Error> {
@@ -255,6 +281,7 @@ impl Subscriber {
             .await?;
         self.live.fetch_add(1, Ordering::Relaxed);
         let generation = Arc::new(Generation {
+            acks: Acks::start(channel.clone(), &self.ack_tasks),
             channel,
             tag: consumer.tag().to_string(),
             held: AtomicUsize::new(0),

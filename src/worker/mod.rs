@@ -1,6 +1,7 @@
 //! The consume loop: bounded concurrency, explicit shutdown, and
 //! reconnection after the broker connection is lost.
 
+mod acks;
 mod context;
 mod copy;
 mod error;

@@ -10,8 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
-use lapin::options::BasicAckOptions;
-use lapin::Acker;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use tracing::{info, warn};
@@ -19,7 +17,6 @@ use tracing::{info, warn};
 use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
-use crate::amqp::requeue;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
@@ -106,36 +103,31 @@ pub async fn process<H: DeliveryHandler>(
         _ = ctx.hard_stop.cancelled() => None,
     };
     drop(slot);
-    settle(&ctx, acker_of(d), &lease, done, pulled).await;
-}
-
-/// Only the acker outlives the delivery: a retried original held for
-/// `--retry-settle` keeps no body in memory.
-fn acker_of(d: Delivery) -> Acker {
-    d.acker
+    // Only the tag outlives the delivery: a retried original held for
+    // `--retry-settle` keeps no body in memory.
+    settle(&ctx, d.delivery_tag, &lease, done, pulled).await;
 }
 
 /// Acks once the copy is confirmed; holds a retried original for the
 /// settle first; requeues when the copy failed or shutdown cut it short.
 async fn settle<H>(
     ctx: &Context<H>,
-    acker: Acker,
+    tag: u64,
     lease: &Lease,
     done: Option<Result<Done, PublishError>>,
     pulled: Instant,
 ) {
-    let result = match done {
+    match done {
         Some(Ok(Done::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            return hold_then_ack(ctx, acker, lease);
+            hold_then_ack(ctx, tag, lease)
         }
         Some(Ok(Done::Ack(span))) => {
-            let acked = acker.ack(BasicAckOptions::default()).await;
-            if let (Some(span), Ok(_)) = (span, &acked) {
+            lease.ack(tag);
+            if let Some(span) = span {
                 trace_overhead(pulled, span);
             }
-            acked
         }
-        Some(Ok(Done::Retried)) => acker.ack(BasicAckOptions::default()).await,
+        Some(Ok(Done::Retried)) => lease.ack(tag),
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
             if matches!(
@@ -148,12 +140,9 @@ async fn settle<H>(
                 _ = tokio::time::sleep(REQUEUE_BACKOFF) => {}
                 _ = ctx.hard_stop.cancelled() => {}
             }
-            acker.nack(requeue()).await
+            lease.requeue(tag)
         }
-        None => acker.nack(requeue()).await,
-    };
-    if let Err(e) = result {
-        warn!(error = %e, "ack/nack failed; the broker will redeliver");
+        None => lease.requeue(tag),
     }
 }
 
@@ -166,28 +155,27 @@ async fn settle<H>(
 /// The hold is a small task of its own on the session's tracker, so the
 /// delivery's task (sized for an HTTP attempt) ends now: thousands of held
 /// originals cost their ackers, not thousands of attempts' state.
-fn hold_then_ack<H>(ctx: &Context<H>, acker: Acker, lease: &Lease) {
-    let (held, settle, stop) = (
+fn hold_then_ack<H>(ctx: &Context<H>, tag: u64, lease: &Lease) {
+    let (held, lease, settle, stop) = (
         lease.hold(),
+        lease.clone(),
         ctx.settings.retry_settle,
         ctx.hard_stop.clone(),
     );
     ctx.tracker.spawn(async move {
-        let result = tokio::select! {
-            _ = tokio::time::sleep(settle) => acker.ack(BasicAckOptions::default()).await,
+        tokio::select! {
+            _ = tokio::time::sleep(settle) => lease.ack(tag),
             // Shutting down before the settle is over: requeue (a duplicate at worst).
-            _ = stop.cancelled() => acker.nack(requeue()).await,
-        };
-        drop(held);
-        if let Err(e) = result {
-            warn!(error = %e, "ack after the retry settle failed; the broker will redeliver");
+            _ = stop.cancelled() => lease.requeue(tag),
         }
+        drop(held);
     });
 }
 
 /// The worker's own time around a successful attempt, at debug level on
 /// target `redeliver::timing`: from taking the delivery to calling the
-/// handler, and from its answer to the ack being sent. `redeliver bench`
+/// handler, and from its answer to the ack being handed to its channel's
+/// ack task. `redeliver bench`
 /// reads it; it is off unless asked for (`RUST_LOG=redeliver::timing=debug`).
 fn trace_overhead(pulled: Instant, span: HttpSpan) {
     tracing::debug!(

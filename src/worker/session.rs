@@ -216,6 +216,12 @@ impl<H: DeliveryHandler> Session<H> {
         self.ctx.hard_stop.cancel();
         // Nacks are quick; a dead connection makes them fail at once.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+        // The acks and nacks asked for are sent by each channel's ack
+        // task, which ends once the feed (and every delivery) is gone.
+        let acks = self.feed.ack_tasks();
+        drop(self);
+        acks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), acks.wait()).await;
     }
 }
 
