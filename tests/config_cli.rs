@@ -228,7 +228,7 @@ fn retry_settle_defaults_by_delay_backend() {
         let s = redeliver::cli::settings::worker_settings(a, cli.global.delay_backend).unwrap();
         s.retry_settle
     };
-    assert_eq!(settle(&["redeliver", "run"]), Duration::from_secs(2));
+    assert_eq!(settle(&["redeliver", "run"]), Duration::from_secs(3));
     let cascade = ["redeliver", "--delay-backend", "cascade", "run"];
     assert_eq!(settle(&cascade), Duration::ZERO);
     let explicit = [&cascade[..], &["--retry-settle", "1s"]].concat();
