@@ -14,6 +14,8 @@
 
 pub(crate) mod admin;
 
+mod log_writer;
+
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,22 +46,15 @@ impl LogFormat {
     }
 }
 
-/// The log thread's write buffer (see [`init`]).
-const LOG_BUFFER: usize = 64 * 1024;
-
 /// Keeps the log writer's thread alive; dropping it flushes what is left.
 /// Hold it until the process ends.
-pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
+pub struct LogGuard(#[allow(dead_code)] log_writer::Flusher);
 
 /// Logs to stderr from a thread of their own: a delivery never waits for a
 /// write to a slow pipe or log collector (one line per attempt), and lines
-/// reach stderr in batches. Lines queue up to 128,000 deep; past that the
-/// worker waits rather than drop one.
-///
-/// The thread writes every line it finds queued into a buffer and flushes
-/// it once the queue is empty: one `write` for a batch, not one per line
-/// (at 30,000 attempts a second, a syscall per line was a tenth of the
-/// worker's CPU). A lone line is still flushed at once.
+/// reach stderr in batches, at most 10 ms after they were logged
+/// (`log_writer.rs` says why not `tracing-appender`). Up to 4 MB wait;
+/// past that the worker waits rather than drop a line.
 pub fn init(format: LogFormat) -> LogGuard {
     init_with_default(format, "info,lapin=off")
 }
@@ -74,15 +69,10 @@ pub fn init_with_default(format: LogFormat, default: &str) -> LogGuard {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
     };
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::with_capacity(
-            LOG_BUFFER,
-            std::io::stderr(),
-        ));
+    let (writer, guard) = log_writer::start();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(move || writer.clone());
     let _ = match format {
         LogFormat::Pretty => builder
             .with_ansi(std::io::stderr().is_terminal())

@@ -65,6 +65,31 @@ pub async fn run<H: DeliveryHandler>(
     metrics::counter!(telemetry::RECONNECTS).increment(0);
     metrics::gauge!(telemetry::IN_FLIGHT).increment(0.0);
     metrics::gauge!(telemetry::CONFIRMS_PENDING).increment(0.0);
+    // The pump runs as a task of the runtime, not in the caller's
+    // `block_on` (the binary's main thread): a delivery's task is then
+    // spawned onto the pumping worker thread's own queue and usually runs
+    // there next, rather than waking another thread for each delivery.
+    let broker = broker.clone();
+    let pump =
+        tokio::spawn(
+            async move { reconnect_loop(&broker, settings, handler, shared, shutdown).await },
+        );
+    match pump.await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Never aborted; a runtime shutting down ends the worker too.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Sessions, one after another, until shutdown or a fatal error.
+async fn reconnect_loop<H: DeliveryHandler>(
+    broker: &BrokerSettings,
+    settings: WorkerSettings,
+    handler: Arc<H>,
+    shared: Shared,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
     let reconnect = reconnect_policy();
     let mut failures = 0u32;
     loop {
