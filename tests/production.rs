@@ -364,3 +364,57 @@ async fn config_file_secrets_and_routes_reach_the_worker() {
     assert_eq!(reqs.iter().filter(|r| r.path == "/fail").count(), 2);
     assert_eq!(dead.len(), 1, "the route's max-attempts dead-letters it");
 }
+
+/// An embedding handler that panics on its first call for one id. The
+/// delivery's task dies with it, and its lease requeues the message: the
+/// broker delivers it again (to the same worker), and the handler's next
+/// call succeeds. Without that, the message would stay unacked on the
+/// worker's channel for the whole session, delivered to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_panics_leaves_its_message_requeued_not_stuck() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    struct PanicsOnce {
+        panicked: AtomicBool,
+        delivered: Arc<Mutex<Vec<String>>>,
+    }
+    impl redeliver::DeliveryHandler for PanicsOnce {
+        async fn deliver(
+            &self,
+            n: &redeliver::Notification,
+            _attempt: u32,
+        ) -> redeliver::AttemptResult {
+            if n.id == "boom" && !self.panicked.swap(true, Ordering::SeqCst) {
+                panic!("the test handler's one panic");
+            }
+            self.delivered.lock().unwrap().push(n.id.clone());
+            redeliver::AttemptResult::Response {
+                status: 200,
+                body: String::new(),
+                retry_after: None,
+            }
+        }
+    }
+
+    let app = TestApp::new("panic", DelayBackend::Plugin);
+    let delivered = Arc::new(Mutex::new(vec![]));
+    let handler = PanicsOnce {
+        panicked: AtomicBool::new(false),
+        delivered: delivered.clone(),
+    };
+    let w = app.spawn_worker_with(schedule_settings("100ms", 3, 4), handler);
+    app.publish(&[
+        json!({"url": "http://example.invalid/a", "id": "boom"}),
+        json!({"url": "http://example.invalid/b", "id": "calm"}),
+    ])
+    .await;
+    let both = wait_until(Duration::from_secs(20), || {
+        let d = delivered.lock().unwrap();
+        d.contains(&"boom".to_string()) && d.contains(&"calm".to_string())
+    })
+    .await;
+    w.stop().await;
+    assert!(both, "delivered: {:?}", delivered.lock().unwrap());
+    assert_eq!(app.queue_len("work").await, 0, "nothing left behind");
+}

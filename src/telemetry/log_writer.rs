@@ -86,15 +86,26 @@ pub(super) struct Flusher {
     thread: Option<JoinHandle<()>>,
 }
 
+/// How long the exit waits for the last lines to be written: a stderr
+/// that never drains (a stuck pipe) must not keep the process alive.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Flusher {
     fn drop(&mut self) {
         self.shared.pending().1 = true;
         self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return self.shared.write_out();
+        };
+        let deadline = std::time::Instant::now() + EXIT_WAIT;
+        while !t.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        // Lines logged after the thread's last batch.
-        self.shared.write_out();
+        if t.is_finished() {
+            let _ = t.join();
+            // Lines logged after the thread's last batch.
+            self.shared.write_out();
+        }
     }
 }
 

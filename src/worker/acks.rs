@@ -19,6 +19,9 @@
 //! alone, as soon as it is asked for.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use lapin::options::BasicAckOptions;
@@ -29,6 +32,12 @@ use tracing::warn;
 
 /// At most this many settles are planned in one turn.
 const TURN: usize = 512;
+
+/// How long a retired consumer's channel stays open after its last ack
+/// was sent: lapin treats a frame that reaches a closing channel as a
+/// connection error, and a delivery the broker sent right after the
+/// cancel-ok may still be on its way.
+const CLOSE_AFTER: Duration = Duration::from_secs(1);
 
 /// How a delivery is settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,11 +114,23 @@ impl Book {
 pub(super) struct Acks(mpsc::UnboundedSender<Settle>);
 
 impl Acks {
-    /// Starts the channel's ack task on `tracker`. It ends, after sending
-    /// everything asked for, once this handle is dropped.
-    pub(super) fn start(channel: Channel, tracker: &TaskTracker) -> Acks {
+    /// Starts the channel's ack task on `tracker`. Once this handle is
+    /// dropped (its consumer retired and every delivery settled), the task
+    /// sends everything asked for, then closes the channel, which returns
+    /// anything still unacked there; unless `ending` is set: the session's
+    /// end closes the connection, and every channel with it.
+    pub(super) fn start(channel: Channel, tracker: &TaskTracker, ending: Arc<AtomicBool>) -> Acks {
         let (tx, rx) = mpsc::unbounded_channel();
-        tracker.spawn(run(channel, rx));
+        tracker.spawn(async move {
+            run(&channel, rx).await;
+            if ending.load(Ordering::Relaxed) {
+                return;
+            }
+            tokio::time::sleep(CLOSE_AFTER).await;
+            if !ending.load(Ordering::Relaxed) {
+                let _ = channel.close(200, "consumer retired".into()).await;
+            }
+        });
         Acks(tx)
     }
 
@@ -120,14 +141,14 @@ impl Acks {
     }
 }
 
-async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
+async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
     let mut book = Book::default();
     let mut batch = Vec::with_capacity(TURN);
     while rx.recv_many(&mut batch, TURN).await > 0 {
         let frames = book.plan(&batch);
         batch.clear();
         // Polled in order, so the frames leave in this order.
-        let sent = join_all(frames.iter().map(|f| send(&channel, *f))).await;
+        let sent = join_all(frames.iter().map(|f| send(channel, *f))).await;
         if let Some(e) = sent.into_iter().find_map(Result::err) {
             warn!(error = %e, "ack/nack failed; the broker will redeliver");
         }

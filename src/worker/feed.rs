@@ -21,7 +21,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use std::pin::Pin;
 
@@ -59,65 +58,66 @@ pub(super) struct Generation {
     rotate: Arc<Notify>,
     /// Alive generations of the session (this one included).
     live: Arc<AtomicUsize>,
-    /// Set when the session ends.
-    ending: Arc<AtomicBool>,
 }
 
 impl Drop for Generation {
-    /// The last delivery of this consumer is settled and its cancel-ok
-    /// came: close its channel, which returns anything unacked on it.
-    /// Not at once: lapin treats a frame that reaches a closing channel as
-    /// a connection error, and a delivery the broker sent right after the
-    /// cancel-ok may still be on its way. Not at all once the session
-    /// ends: closing the connection closes every channel.
+    /// Every delivery of this consumer is settled and its cancel-ok came.
+    /// Dropping its `Acks` ends the channel's ack task, which sends what
+    /// is left and then closes the channel (see `acks.rs`).
     fn drop(&mut self) {
         self.live.fetch_sub(1, Ordering::Relaxed);
-        if self.ending.load(Ordering::Relaxed) {
-            return;
-        }
-        let (channel, ending) = (self.channel.clone(), self.ending.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                tokio::time::sleep(CLOSE_AFTER).await;
-                if !ending.load(Ordering::Relaxed) {
-                    let _ = channel.close(200, "consumer retired".into()).await;
-                }
-            });
-        }
     }
 }
 
-/// How long a retired consumer's channel stays open after its last
-/// delivery was settled (see [`Generation`]'s `Drop`).
-const CLOSE_AFTER: Duration = Duration::from_secs(1);
-
-/// A delivery's hold on its consumer's channel: it stays open while any
-/// delivery that arrived on it is unsettled.
-#[derive(Clone)]
-pub struct Lease(Arc<Generation>);
+/// A delivery's hold on its consumer's channel (which stays open while any
+/// delivery that arrived on it is unsettled), and the duty to settle it:
+/// a lease dropped unsettled (its task panicked, say) requeues its
+/// delivery, so no tag is left unsettled below the channel's later acks.
+pub struct Lease {
+    generation: Arc<Generation>,
+    tag: u64,
+    settled: bool,
+}
 
 impl Lease {
-    /// Acks delivery `tag` of this lease's channel (sent by the channel's
-    /// ack task, maybe with others in one frame).
-    pub fn ack(&self, tag: u64) {
-        self.0.acks.settle(Settle::Ack(tag));
+    /// Acks the delivery (sent by the channel's ack task, maybe with others
+    /// in one frame).
+    pub fn ack(mut self) {
+        self.settle(Settle::Ack(self.tag));
     }
 
-    /// Returns delivery `tag` to the queue.
-    pub fn requeue(&self, tag: u64) {
-        self.0.acks.settle(Settle::Requeue(tag));
+    /// Returns the delivery to the queue.
+    pub fn requeue(mut self) {
+        self.settle(Settle::Requeue(self.tag));
+    }
+
+    fn settle(&mut self, s: Settle) {
+        self.settled = true;
+        self.generation.acks.settle(s);
     }
 
     /// Counts a retried original as held for the settle until the returned
     /// guard drops, and asks for a rotation when the current consumer holds
     /// too many.
     pub fn hold(&self) -> Held {
-        let g = &self.0;
+        let g = &self.generation;
         let held = g.held.fetch_add(1, Ordering::Relaxed) + 1;
         if held >= g.threshold && !g.retired.load(Ordering::Relaxed) {
             g.rotate.notify_one();
         }
-        Held(self.0.clone(), GaugeGuard::new(telemetry::SETTLING))
+        Held(g.clone(), GaugeGuard::new(telemetry::SETTLING))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.settled {
+            warn!(
+                tag = self.tag,
+                "a delivery was left unsettled; requeueing it"
+            );
+            self.settle(Settle::Requeue(self.tag));
+        }
     }
 }
 
@@ -196,7 +196,14 @@ impl Feed {
     pub(super) async fn next(&mut self) -> Option<Result<(Delivery, Lease), lapin::Error>> {
         while let Some((generation, item)) = self.streams.next().await {
             match item {
-                Some(Ok(d)) => return Some(Ok((d, Lease(generation)))),
+                Some(Ok(d)) => {
+                    let lease = Lease {
+                        tag: d.delivery_tag,
+                        generation,
+                        settled: false,
+                    };
+                    return Some(Ok((d, lease)));
+                }
                 Some(Err(e)) => return Some(Err(e)),
                 // A retired consumer's cancel-ok: its stream is over.
                 None if generation.retired.load(Ordering::Relaxed) => continue,
@@ -281,7 +288,7 @@ impl Subscriber {
             .await?;
         self.live.fetch_add(1, Ordering::Relaxed);
         let generation = Arc::new(Generation {
-            acks: Acks::start(channel.clone(), &self.ack_tasks),
+            acks: Acks::start(channel.clone(), &self.ack_tasks, self.ending.clone()),
             channel,
             tag: consumer.tag().to_string(),
             held: AtomicUsize::new(0),
@@ -289,7 +296,6 @@ impl Subscriber {
             threshold: self.threshold,
             rotate: self.rotate.clone(),
             live: self.live.clone(),
-            ending: self.ending.clone(),
         });
         let g = generation.clone();
         let deliveries = consumer.map(move |d| (g.clone(), Some(d)));

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 use crate::config::{BrokerSettings, WorkerSettings};
@@ -69,15 +70,16 @@ pub async fn run<H: DeliveryHandler>(
     // `block_on` (the binary's main thread): a delivery's task is then
     // spawned onto the pumping worker thread's own queue and usually runs
     // there next, rather than waking another thread for each delivery.
+    // Aborted if this future is dropped: the worker never outlives its caller.
     let broker = broker.clone();
-    let pump =
-        tokio::spawn(
-            async move { reconnect_loop(&broker, settings, handler, shared, shutdown).await },
-        );
+    let pump = AbortOnDropHandle::new(tokio::spawn(async move {
+        reconnect_loop(&broker, settings, handler, shared, shutdown).await
+    }));
     match pump.await {
         Ok(result) => result,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Never aborted; a runtime shutting down ends the worker too.
+        // Aborted only when this future is dropped; a runtime shutting
+        // down ends the worker too.
         Err(_) => Ok(()),
     }
 }

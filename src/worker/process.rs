@@ -103,31 +103,31 @@ pub async fn process<H: DeliveryHandler>(
         _ = ctx.hard_stop.cancelled() => None,
     };
     drop(slot);
-    // Only the tag outlives the delivery: a retried original held for
-    // `--retry-settle` keeps no body in memory.
-    settle(&ctx, d.delivery_tag, &lease, done, pulled).await;
+    // Only the lease (its tag) outlives the delivery: a retried original
+    // held for `--retry-settle` keeps no body in memory.
+    drop(d);
+    settle(&ctx, lease, done, pulled).await;
 }
 
 /// Acks once the copy is confirmed; holds a retried original for the
 /// settle first; requeues when the copy failed or shutdown cut it short.
 async fn settle<H>(
     ctx: &Context<H>,
-    tag: u64,
-    lease: &Lease,
+    lease: Lease,
     done: Option<Result<Done, PublishError>>,
     pulled: Instant,
 ) {
     match done {
         Some(Ok(Done::Retried)) if !ctx.settings.retry_settle.is_zero() => {
-            hold_then_ack(ctx, tag, lease)
+            hold_then_ack(ctx, lease)
         }
         Some(Ok(Done::Ack(span))) => {
-            lease.ack(tag);
+            lease.ack();
             if let Some(span) = span {
                 trace_overhead(pulled, span);
             }
         }
-        Some(Ok(Done::Retried)) => lease.ack(tag),
+        Some(Ok(Done::Retried)) => lease.ack(),
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
             if matches!(
@@ -140,9 +140,9 @@ async fn settle<H>(
                 _ = tokio::time::sleep(REQUEUE_BACKOFF) => {}
                 _ = ctx.hard_stop.cancelled() => {}
             }
-            lease.requeue(tag)
+            lease.requeue()
         }
-        None => lease.requeue(tag),
+        None => lease.requeue(),
     }
 }
 
@@ -154,19 +154,18 @@ async fn settle<H>(
 ///
 /// The hold is a small task of its own on the session's tracker, so the
 /// delivery's task (sized for an HTTP attempt) ends now: thousands of held
-/// originals cost their ackers, not thousands of attempts' state.
-fn hold_then_ack<H>(ctx: &Context<H>, tag: u64, lease: &Lease) {
-    let (held, lease, settle, stop) = (
+/// originals cost their leases, not thousands of attempts' state.
+fn hold_then_ack<H>(ctx: &Context<H>, lease: Lease) {
+    let (held, settle, stop) = (
         lease.hold(),
-        lease.clone(),
         ctx.settings.retry_settle,
         ctx.hard_stop.clone(),
     );
     ctx.tracker.spawn(async move {
         tokio::select! {
-            _ = tokio::time::sleep(settle) => lease.ack(tag),
+            _ = tokio::time::sleep(settle) => lease.ack(),
             // Shutting down before the settle is over: requeue (a duplicate at worst).
-            _ = stop.cancelled() => lease.requeue(tag),
+            _ = stop.cancelled() => lease.requeue(),
         }
         drop(held);
     });
