@@ -47,7 +47,9 @@ const PACE: Duration = Duration::from_millis(40);
 
 /// The settles compared: the plugin backend's default (3 s, from the
 /// confirm-window phase), the 2 s default before it, and none.
-const SETTLES: [&str; 3] = ["3s", "2s", "0s"];
+fn settles() -> [String; 3] {
+    [super::phases::plugin_settle(), "2s".into(), "0s".into()]
+}
 
 /// What goes wrong mid-run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,22 +93,23 @@ impl Bench {
         for crash in [Crash::WorkerKill, Crash::BrokerRestart] {
             if let (Crash::BrokerRestart, Some(why)) = (crash, refused) {
                 writeln!(std::io::stderr(), "bench: no broker-restart rows: {why}")?;
-                for settle in SETTLES {
+                for settle in settles() {
                     let name = format!("duplicates, {}, settle {settle}", crash.label());
                     self.push(Phase::Crash, name, None, "msg");
                 }
                 continue;
             }
             let mut totals = vec![];
-            for settle in SETTLES {
-                let d = self.crash_run(crash, settle, n).await?;
-                self.push_duplicates(crash, settle, n, d);
+            let [default, ..] = settles();
+            for settle in settles() {
+                let d = self.crash_run(crash, &settle, n).await?;
+                self.push_duplicates(crash, &settle, n, d);
                 totals.push(d.total() as f64);
             }
             // What the settle costs in duplicates, the figure to choose by.
             // The first settle's (the default's) against none, the last.
             let added = totals.first().zip(totals.last()).map(|(s, z)| s - z);
-            let name = format!("duplicates the 3s settle adds, {}", crash.label());
+            let name = format!("duplicates the {default} settle adds, {}", crash.label());
             self.push(Phase::Crash, name, added, "msg");
         }
         Ok(())
@@ -303,6 +306,13 @@ fn duplicates(ids: &HashMap<String, PerId>, n: usize) -> anyhow::Result<Duplicat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_settle_is_compared_first_as_a_flag_value() {
+        let [default, ..] = settles();
+        let parsed = humantime::parse_duration(&default).unwrap();
+        assert_eq!(parsed, crate::config::DEFAULT_RETRY_SETTLE, "{default}");
+    }
 
     #[test]
     fn crash_args_set_the_settle_and_the_retry_path() {

@@ -45,7 +45,7 @@ pub enum Phase {
     /// 14. The delay plugin's confirm window: delayed copies published
     ///     with confirms, a broker kill -9 a round, the copies lost and how
     ///     long before the kill they were confirmed. Runs only when named
-    ///     (it kills the local test node 15 times), not in a full run.
+    ///     (it kills the local test node 16 times), not in a full run.
     ConfirmWindow,
 }
 

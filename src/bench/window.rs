@@ -32,6 +32,9 @@ use crate::topology::Topology;
 /// Copies per second, one rate a round, in turn.
 const RATES: [f64; 4] = [2.0, 20.0, 200.0, 2_000.0];
 
+/// Rounds (broker kills): four of each rate.
+const ROUNDS: usize = 16;
+
 /// The copies' delay: longer than a kill and a restart, so that every
 /// copy is still held when the plugin's tables are looked at.
 const DELAY: Duration = Duration::from_secs(15);
@@ -80,9 +83,8 @@ impl Bench {
             self.push(p, "copies lost after a broker kill -9", None, "msg");
             return Ok(());
         }
-        let rounds = if self.opts.quick { 4 } else { 16 };
         let mut all: Vec<(f64, Round)> = vec![];
-        for r in 0..rounds {
+        for r in 0..ROUNDS {
             let rate = RATES[r % RATES.len()];
             let round = self.window_round(rate, r).await?;
             writeln_err(&format!(
@@ -135,7 +137,8 @@ impl Bench {
         };
         let t = crate::delay::declare_topology(&broker, &self.conn).await?;
         let run = RUN + SPREAD.mul_f64((r as f64 * 0.618).fract());
-        let (confirms, killed_at) = publish_until_kill(&self.conn, &t, rate, run, self).await?;
+        let pid = self.opts.broker_pid.context("the local node's pid")?;
+        let (confirms, killed_at) = publish_until_kill(&self.conn, &t, rate, run, pid).await?;
         self.start_broker().await?;
         let tables = read_tables().await;
         let last_due = confirms.iter().map(|c| c.1).max().unwrap_or(killed_at) + DELAY;
@@ -177,9 +180,8 @@ async fn publish_until_kill(
     t: &Topology,
     rate: f64,
     run: Duration,
-    bench: &Bench,
+    pid: u32,
 ) -> anyhow::Result<(Vec<(u64, Instant)>, Instant)> {
-    let pid = bench.opts.broker_pid.context("the local node's pid")?;
     let ch = conn.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let mut confirms = tokio::task::JoinSet::new();

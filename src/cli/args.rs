@@ -207,7 +207,7 @@ pub struct DlqExportArgs {
 #[command(
     after_help = "Phases: broker, sink, e2e, retry, latency, delay, memory, horizontal, noisy, \
 cluster, crash, flaky, probe-cost (all by default), and confirm-window, which runs only when \
-named: it kills the local test node with -9 fifteen times to measure the delay plugin's confirm \
+named: it kills the local test node with -9 sixteen times to measure the delay plugin's confirm \
 window (run it on a node of its own, with REDELIVER_TEST_UPSTREAM_PLUGIN for the upstream plugin). \
 Workers run as `redeliver run` processes of this executable. \
 Against the local test node unless --amqp-url is given; the cluster phase against \

@@ -101,10 +101,7 @@ pub async fn start() -> anyhow::Result<()> {
 /// and returns the last line it printed: the bench's look into the delay
 /// plugin's tables after a crash.
 pub async fn eval(expr: &str) -> anyhow::Result<String> {
-    let out = tokio::process::Command::new(ctl_path())
-        .args(["rabbitmqctl", "eval", expr])
-        .env("REDELIVER_TEST_BROKER_PORT", port().to_string())
-        .stdin(Stdio::null())
+    let out = ctl_command(port(), &ctl_path(), &["rabbitmqctl", "eval", expr])
         .output()
         .await
         .context("running tests/broker/ctl rabbitmqctl eval")?;
@@ -203,12 +200,18 @@ async fn run_ctl_up(port: u16, ctl: &Path) -> anyhow::Result<()> {
     run_ctl(port, ctl, "up").await
 }
 
+/// `ctl ARGS` for the node on `port`, with no input.
+fn ctl_command(port: u16, ctl: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(ctl);
+    cmd.args(args)
+        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
+        .stdin(Stdio::null());
+    cmd
+}
+
 /// `ctl VERB` for the node on `port`, its messages on our stderr.
 async fn run_ctl(port: u16, ctl: &Path, verb: &str) -> anyhow::Result<()> {
-    let status = tokio::process::Command::new(ctl)
-        .arg(verb)
-        .env("REDELIVER_TEST_BROKER_PORT", port.to_string())
-        .stdin(Stdio::null())
+    let status = ctl_command(port, ctl, &[verb])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .status()
