@@ -6,7 +6,8 @@
 //! [`message`] (wire format, retry-state headers, dead-letter records) →
 //! [`telemetry`] → [`config`] (settings) → [`topology`] → [`publish`]
 //! (confirmed publishing) → [`delay`] (plugin, cascade, hold) →
-//! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`worker`] (consume, one delivery) → [`ops`]
+//! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`control`]
+//! (pause, disable, the shared failing clock) → [`worker`] (consume, one delivery) → [`ops`]
 //! (dead letters, status, demo) → `bench` → [`cli`].
 
 mod amqp;
@@ -18,6 +19,7 @@ pub mod bench;
 pub mod cli;
 mod clock;
 pub mod config;
+pub mod control;
 pub mod delay;
 pub mod deliver;
 pub mod endpoint;

@@ -46,7 +46,8 @@ async fn main() {
         if let Some(hint) = errors::hint(&line) {
             eprintln!("hint: {hint}");
         }
-        std::process::exit(1);
+        // Bad input exits 2, as clap's own refusals do.
+        std::process::exit(if errors::is_usage(&e) { 2 } else { 1 });
     }
 }
 

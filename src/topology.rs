@@ -19,6 +19,11 @@ pub struct Topology {
     pub work: String,
     /// Dead letters with their history.
     pub dead: String,
+    /// The stream of endpoint controls and failing clocks every worker
+    /// folds (`crate::control`).
+    pub endpoint_state: String,
+    /// Workers' reports of the endpoints they see, for `endpoint list`.
+    pub endpoint_reports: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +58,8 @@ impl Topology {
             retry: format!("{prefix}.retry"),
             work: format!("{prefix}.work"),
             dead: format!("{prefix}.dead"),
+            endpoint_state: format!("{prefix}.endpoint-state"),
+            endpoint_reports: format!("{prefix}.endpoint-reports"),
         }
     }
 
@@ -105,7 +112,12 @@ impl Topology {
     pub(crate) async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
         // The delay backends' objects are `crate::delay::delete`'s.
-        for q in [&self.work, &self.dead] {
+        for q in [
+            &self.work,
+            &self.dead,
+            &self.endpoint_state,
+            &self.endpoint_reports,
+        ] {
             ch.queue_delete(q.as_str().into(), Default::default())
                 .await?;
         }

@@ -26,6 +26,7 @@ const LAYERS: &[&str] = &[
     "delay",
     "deliver",
     "endpoint",
+    "control",
     "worker",
     "ops",
     "bench",

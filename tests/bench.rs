@@ -40,6 +40,7 @@ fn quick_bench_runs_every_phase() {
         "11 crash",
         "12 flaky receiver",
         "13 probe cost",
+        "15 endpoint state",
     ] {
         let measured = figures
             .iter()

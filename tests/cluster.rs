@@ -50,7 +50,7 @@ const REROUTE: Duration = Duration::from_millis(3_500);
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 /// The tests in this file: the last to finish takes the cluster down.
-const TESTS: usize = 5;
+const TESTS: usize = 6;
 
 /// Takes the cluster down when the last test ends, passed or failed.
 struct ClusterGuard;
@@ -445,6 +445,9 @@ async fn dead_letters_keep_their_order_across_walks() {
         "node 1 leads, node 3 read"
     );
 }
+
+#[path = "cluster_parts/endpoints.rs"]
+mod endpoints;
 
 mod plugin {
     use super::*;

@@ -8,7 +8,8 @@
 //! broker; `procs.rs` runs and measures worker processes; `phases.rs` holds
 //! the phases; `report.rs` prints the table and the JSON. `crash.rs`
 //! counts the duplicates a worker kill or a broker restart causes;
-//! `noisy.rs` and `flaky.rs` measure per-endpoint isolation.
+//! `noisy.rs` and `flaky.rs` measure per-endpoint isolation; `state.rs`
+//! what the shared endpoint state costs a delivery.
 
 mod cluster;
 mod crash;
@@ -22,6 +23,7 @@ mod probe;
 mod procs;
 mod report;
 mod sink;
+mod state;
 mod timed;
 mod window;
 

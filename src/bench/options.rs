@@ -47,10 +47,13 @@ pub enum Phase {
     ///     long before the kill they were confirmed. Runs only when named
     ///     (it kills the local test node 16 times), not in a full run.
     ConfirmWindow,
+    /// 15. Endpoint state: end to end with 1,000 other endpoints paused,
+    ///     next to none, in alternating pairs: what the lookup costs.
+    EndpointState,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 13] = [
+    pub const ALL: [Phase; 14] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -64,6 +67,7 @@ impl Phase {
         Phase::Crash,
         Phase::Flaky,
         Phase::ProbeCost,
+        Phase::EndpointState,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +86,7 @@ impl Phase {
             Phase::Flaky => "12 flaky receiver",
             Phase::ProbeCost => "13 probe cost",
             Phase::ConfirmWindow => "14 confirm window",
+            Phase::EndpointState => "15 endpoint state",
         }
     }
 }

@@ -73,6 +73,7 @@ impl Bench {
             Phase::Flaky => self.flaky().await,
             Phase::ProbeCost => self.probe_cost().await,
             Phase::ConfirmWindow => self.confirm_window().await,
+            Phase::EndpointState => self.endpoint_state().await,
         }
     }
 

@@ -1,6 +1,17 @@
 //! How a failed command reads on stderr: one line for the error and its
 //! causes, and a hint where the cause is common and not obvious.
 
+/// Bad input found after parsing (a resume of what is not paused, a
+/// target nobody knows): the binary exits 2, as for a flag clap refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// Whether the error is bad input (exit 2) rather than a failure (exit 1).
+pub fn is_usage(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Usage>().is_some()
+}
+
 /// Output cut short by the reader (`redeliver dlq list | head`) is not a failure.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {

@@ -6,6 +6,7 @@
 pub mod args;
 pub mod commands;
 pub mod config_cmd;
+pub mod endpoint;
 pub mod errors;
 pub mod file;
 pub mod ops;
@@ -40,6 +41,7 @@ pub async fn execute(
         Command::Dlq(DlqCommand::Purge(a)) => ops::dlq_purge(g, a, out).await.map(drop),
         Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
         Command::Status(a) => ops::status(g, a, out).await.map(drop),
+        Command::Endpoint(c) => endpoint::execute(g, c, out).await,
         Command::Demo => commands::demo(g, shutdown, out).await,
         Command::Bench(a) => commands::bench(g, a, out).await,
         Command::Config(ConfigCommand::Check { file }) => config_cmd::check(file, out),

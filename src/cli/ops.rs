@@ -19,6 +19,7 @@ fn filter(ids: &[String], f: &DlqFilterArgs) -> Filter {
         ids: ids.to_vec(),
         reason: f.reason.clone(),
         url_contains: f.url_contains.clone(),
+        endpoint: f.endpoint.clone(),
         since: f.since,
     }
 }
@@ -108,7 +109,7 @@ pub async fn dlq_replay(
 ) -> anyhow::Result<Summary> {
     let f = filter(&a.ids, &a.filter);
     if f.is_empty() && !a.all {
-        bail!("nothing selected: give ids, --all, or a filter (--reason, --url-contains, --since)");
+        bail!("nothing selected: give ids, --all, or a filter (--reason, --endpoint, --url-contains, --since)");
     }
     let b = broker_settings(g);
     let (conn, t) = connect(g, "redeliver dlq replay").await?;

@@ -62,6 +62,9 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
         }),
         endpoints: endpoint_settings(&args.endpoint)?,
         max_age: Some(args.endpoint.max_age).filter(|d| !d.is_zero()),
+        control: crate::config::ControlSettings {
+            disable_after: args.endpoint.disable_after.0,
+        },
         ..WorkerSettings::default()
     })
 }

@@ -15,6 +15,26 @@ pub const DEFAULT_MAX_PARKED: usize = 256;
 /// result older than that is a matter for people, not for retries.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 86_400);
 
+/// `--disable-after` by default: Svix disables an endpoint whose every
+/// attempt failed for 5 days.
+pub const DEFAULT_DISABLE_AFTER: Duration = Duration::from_secs(5 * 86_400);
+
+/// The shared endpoint state's settings (`crate::control`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControlSettings {
+    /// Disable an endpoint with no successful attempt for this long (and
+    /// enough failed ones); `None`: never by itself (`--disable-after off`).
+    pub disable_after: Option<Duration>,
+}
+
+impl Default for ControlSettings {
+    fn default() -> Self {
+        ControlSettings {
+            disable_after: Some(DEFAULT_DISABLE_AFTER),
+        }
+    }
+}
+
 /// How the worker shares itself among endpoints (flags `--endpoint-*`,
 /// `--breaker-*`, `--max-endpoints`, `--max-parked`).
 #[derive(Clone, Debug, PartialEq)]

@@ -8,7 +8,8 @@ mod secret;
 
 pub use amqp_url::{AmqpUrl, BadUrl, CONNECT_TIMEOUT};
 pub use endpoint::{
-    EndpointLimits, EndpointSettings, DEFAULT_MAX_AGE, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
+    ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE,
+    DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
 };
 pub use routes::{Route, Routes};
 pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
@@ -191,6 +192,8 @@ pub struct WorkerSettings {
     pub max_age: Option<Duration>,
     /// The delay backend's liveness probe and failover.
     pub delay_probe: ProbeSettings,
+    /// The shared endpoint state: automatic disable.
+    pub control: ControlSettings,
 }
 
 /// One attempt and what was decided about it.
@@ -223,6 +226,7 @@ impl Default for WorkerSettings {
             endpoints: EndpointSettings::default(),
             max_age: Some(DEFAULT_MAX_AGE),
             delay_probe: ProbeSettings::default(),
+            control: ControlSettings::default(),
         }
     }
 }

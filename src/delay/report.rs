@@ -79,27 +79,35 @@ pub struct BackendReport {
     pub last_round_trip_ms: Option<u64>,
 }
 
-/// Declares the report queue, on a channel of its own (a refusal closes
+/// Declares the report queue (see [`declare_queue`]).
+pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), ReportError> {
+    declare_queue(conn, &queue(t), REPORT_TTL).await
+}
+
+/// Declares a queue of reports, on a channel of its own (a refusal closes
 /// the channel it happens on): always a quorum queue, whatever
 /// `--queue-type` says, so that no later flag makes its declaration
 /// inequivalent; readable whichever node is down; reports expiring after
-/// [`REPORT_TTL`].
-pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), ReportError> {
-    match tokio::time::timeout(OP_TIMEOUT, declare_now(conn, t)).await {
+/// `ttl`. `crate::control` keeps its endpoint reports in one too.
+pub async fn declare_queue(
+    conn: &Connection,
+    name: &str,
+    ttl: Duration,
+) -> Result<(), ReportError> {
+    match tokio::time::timeout(OP_TIMEOUT, declare_now(conn, name, ttl)).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(ReportError::Timeout(OP_TIMEOUT)),
     }
 }
 
-async fn declare_now(conn: &Connection, t: &Topology) -> Result<(), TopologyError> {
-    let name = queue(t);
-    let fail = |e| classify("queue", &name, e);
+async fn declare_now(conn: &Connection, name: &str, ttl: Duration) -> Result<(), TopologyError> {
+    let fail = |e| classify("queue", name, e);
     let ch = conn.create_channel().await.map_err(fail)?;
     let mut args = work_args(QueueType::Quorum);
     // x-message-ttl: a report is dropped once it is this old.
     args.insert(
         "x-message-ttl".into(),
-        AMQPValue::LongLongInt(REPORT_TTL.as_millis() as i64),
+        AMQPValue::LongLongInt(ttl.as_millis() as i64),
     );
     // x-max-length: a bound, whatever the number of workers; the oldest
     // go first (the default overflow, drop-head).
@@ -111,7 +119,7 @@ async fn declare_now(conn: &Connection, t: &Topology) -> Result<(), TopologyErro
         durable: true,
         ..Default::default()
     };
-    let declared = ch.queue_declare(name.as_str().into(), opts, args).await;
+    let declared = ch.queue_declare(name.into(), opts, args).await;
     let _ = ch.close(200, "declared".into()).await;
     declared.map(|_| ()).map_err(fail)
 }
@@ -131,23 +139,13 @@ pub async fn publish(ch: &Channel, t: &Topology, r: &Report) -> Result<(), lapin
     .map(|_| ())
 }
 
-/// The newest report of each worker, read without taking any: they stay
-/// unacked until the read channel closes, which returns them. Empty when
-/// no worker has reported (or the queue does not exist); what was read
-/// when the queue does not answer within [`OP_TIMEOUT`].
+/// The newest report of each worker, read without taking any (see
+/// [`read_bodies`]). Empty when no worker has reported (or the queue does
+/// not exist).
 pub async fn read(conn: &Connection, t: &Topology) -> Vec<Report> {
-    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    let opened = tokio::time::timeout_at(deadline, conn.create_channel()).await;
-    let Ok(Ok(ch)) = opened else {
-        return vec![];
-    };
     let mut newest: BTreeMap<String, Report> = BTreeMap::new();
-    for _ in 0..MAX_READ {
-        let get = ch.basic_get(queue(t).as_str().into(), BasicGetOptions { no_ack: false });
-        let Ok(Ok(Some(m))) = tokio::time::timeout_at(deadline, get).await else {
-            break;
-        };
-        let Ok(r) = serde_json::from_slice::<Report>(&m.delivery.data) else {
+    for body in read_bodies(conn, &queue(t)).await {
+        let Ok(r) = serde_json::from_slice::<Report>(&body) else {
             continue;
         };
         match newest.get(&r.worker) {
@@ -157,10 +155,31 @@ pub async fn read(conn: &Connection, t: &Topology) -> Vec<Report> {
             }
         }
     }
+    newest.into_values().collect()
+}
+
+/// Every message in the queue `name`, read without taking any: they stay
+/// unacked until the read channel closes, which returns them. What was
+/// read when the queue does not answer within [`OP_TIMEOUT`]; nothing when
+/// it does not exist.
+pub async fn read_bodies(conn: &Connection, name: &str) -> Vec<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    let opened = tokio::time::timeout_at(deadline, conn.create_channel()).await;
+    let Ok(Ok(ch)) = opened else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for _ in 0..MAX_READ {
+        let get = ch.basic_get(name.into(), BasicGetOptions { no_ack: false });
+        let Ok(Ok(Some(m))) = tokio::time::timeout_at(deadline, get).await else {
+            break;
+        };
+        out.push(m.delivery.data);
+    }
     // Closing returns every message got; bounded, as `status` must end.
     let close = ch.close(200, "reports read".into()).map(|_| ());
     let _ = tokio::time::timeout(Duration::from_secs(5), close).await;
-    newest.into_values().collect()
+    out
 }
 
 /// What `status` shows of one backend, from every worker's report.

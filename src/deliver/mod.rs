@@ -150,6 +150,9 @@ impl DeliveryHandler for HttpDeliverer {
             Err(e) => return failed(&e, timeout),
         };
         let status = resp.status().as_u16();
+        if !resp.status().is_success() && asks_to_abort(resp.headers()) {
+            return AttemptResult::Aborted { status };
+        }
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
@@ -169,6 +172,21 @@ impl DeliveryHandler for HttpDeliverer {
             retry_after,
         }
     }
+}
+
+/// The response header by which a receiver stops a notification's retries
+/// (Svix's delivery control): `webhook-delivery: abort-message`.
+pub const DELIVERY_CONTROL_HEADER: &str = "webhook-delivery";
+
+/// Whether a (failed) response carries `webhook-delivery: abort-message`.
+/// On a 2xx it means nothing: the notification was delivered.
+fn asks_to_abort(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(DELIVERY_CONTROL_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.trim().eq_ignore_ascii_case("abort-message"))
 }
 
 /// A blocked address is a refusal for good; anything else may pass.
@@ -232,6 +250,24 @@ pub fn parse_retry_after(v: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abort_message_is_read_case_blind_and_in_lists() {
+        let mut h = HeaderMap::new();
+        assert!(!asks_to_abort(&h));
+        h.insert(
+            DELIVERY_CONTROL_HEADER,
+            HeaderValue::from_static("Abort-Message"),
+        );
+        assert!(asks_to_abort(&h));
+        h.insert(
+            DELIVERY_CONTROL_HEADER,
+            HeaderValue::from_static("x, abort-message"),
+        );
+        assert!(asks_to_abort(&h));
+        h.insert(DELIVERY_CONTROL_HEADER, HeaderValue::from_static("retry"));
+        assert!(!asks_to_abort(&h));
+    }
 
     #[test]
     fn retry_after_forms() {

@@ -39,6 +39,9 @@ pub(super) fn defer(
     reason: DeferReason,
 ) -> Admission {
     let (wait, reason) = ep.deferral(st, now, wait, reason);
+    let now_ms = crate::clock::now_ms().max(0) as u64;
+    st.activity
+        .wait_until(now_ms, now_ms + wait.as_millis() as u64);
     Admission::Defer { wait, reason }
 }
 
@@ -47,7 +50,12 @@ pub(super) fn defer(
 pub(super) fn go(ep: &Arc<Endpoint>, st: &mut State, now: Instant) -> Admission {
     match pass::go(ep, st, now) {
         Ok(p) => Admission::Go(p),
-        Err((wait, reason)) => Admission::Defer { wait, reason },
+        Err((wait, reason)) => {
+            let now_ms = crate::clock::now_ms().max(0) as u64;
+            st.activity
+                .wait_until(now_ms, now_ms + wait.as_millis() as u64);
+            Admission::Defer { wait, reason }
+        }
     }
 }
 

@@ -25,15 +25,19 @@
 //! a delay, confirmed before the ack). Parking and deferring are not
 //! attempts and cost none.
 
+pub mod activity;
 mod admission;
 mod pass;
 mod state;
+mod view;
 
+pub use activity::{Counts, Failure, Outcome};
 pub use admission::{Admission, Parked};
 pub use pass::Pass;
 pub use state::{
     DeferReason, ACTIVE_WINDOW, LONE_PARK_WAIT, MAX_SCHEDULE, PARK_TIMEOUT, PARK_WAIT,
 };
+pub use view::View;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use super::activity::Outcome;
 use super::state::{wake_front, DeferReason, Endpoint, State};
 use crate::policy::{Gate, Signal, Ticket, Transition};
 use crate::telemetry;
@@ -75,13 +76,16 @@ impl Pass {
 
     /// Reports what the attempt said about the endpoint: the breaker, the
     /// adaptive limit, the latency average and the application-error
-    /// share. Logs a breaker that opened or closed.
-    pub fn finish(mut self, signal: Signal) {
+    /// share; and what it came to, for its recent activity. Logs a breaker
+    /// that opened or closed.
+    pub fn finish(mut self, signal: Signal, outcome: &Outcome) {
         self.reported = true;
         let now = Instant::now();
         let took = now.saturating_duration_since(self.started);
         let transition = {
             let mut st = self.ep.state();
+            st.activity
+                .record(crate::clock::now_ms().max(0) as u64, outcome);
             st.latency.add(took);
             if let Some(t) = self.ticket.take() {
                 if st.limiter.finish(now, t, took, signal) {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::activity::Activity;
 use crate::config::EndpointLimits;
 use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason, WindowMean, LATE_SLACK};
 use crate::telemetry;
@@ -54,6 +55,8 @@ pub enum DeferReason {
     Busy,
     /// The endpoint's rate allows no turn soon.
     Rate,
+    /// An operator paused it (`redeliver endpoint pause`).
+    Held,
 }
 
 impl DeferReason {
@@ -64,6 +67,7 @@ impl DeferReason {
             DeferReason::Probing => "probing",
             DeferReason::Busy => "busy",
             DeferReason::Rate => "rate",
+            DeferReason::Held => "endpoint-paused",
         }
     }
 }
@@ -173,6 +177,8 @@ pub(super) struct State {
     /// value last shown on its gauge.
     pub(super) app_errors: f64,
     pub(super) shown_app_errors: f64,
+    /// What it did lately, for operators and the failing-since clock.
+    pub(super) activity: Activity,
 }
 
 impl Endpoint {
@@ -198,6 +204,7 @@ impl Endpoint {
             shown_limit: 0,
             app_errors: 0.0,
             shown_app_errors: 0.0,
+            activity: Activity::default(),
         };
         let ep = Endpoint {
             key,

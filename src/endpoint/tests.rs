@@ -77,7 +77,7 @@ async fn the_ceiling_parks_and_an_ending_attempt_lets_the_parked_one_go() {
     let waiter = tokio::spawn(async move { parked.wait(|| async {}).await.0 });
     tokio::task::yield_now().await;
     assert!(!waiter.is_finished());
-    first.finish(Signal::Alive);
+    first.finish(Signal::Alive, &done());
     assert!(matches!(waiter.await.unwrap(), Admission::Go(_)));
 }
 
@@ -97,7 +97,7 @@ fn one_round(e: &Endpoints, u: &url::Url, signal: Signal) -> usize {
     }
     let n = passes.len();
     for p in passes {
-        p.finish(signal);
+        p.finish(signal, &done());
     }
     n
 }
@@ -170,11 +170,11 @@ async fn a_flaky_endpoint_that_answers_beside_a_stuck_attempt_parks_more_than_a_
     let e = with_settings(settings(64));
     let (a, f) = (url("http://a.test/"), url("http://flaky.test/"));
     let _a = go(admit(&e, &a));
-    go(admit(&e, &f)).finish(Signal::Alive);
+    go(admit(&e, &f)).finish(Signal::Alive, &done());
     let _stuck = go(admit(&e, &f));
     tokio::time::sleep(LATE_SLACK * 2).await;
     // It still answers beside the stuck attempt (judged late by now).
-    go(admit(&e, &f)).finish(Signal::Alive);
+    go(admit(&e, &f)).finish(Signal::Alive, &done());
     let mut held = Vec::new();
     let mut parked = Vec::new();
     while parked.len() < 8 {
@@ -227,7 +227,7 @@ async fn failures_open_the_breaker_and_deliveries_are_deferred_until_a_probe() {
     let e = endpoints(4, 8);
     let a = url("http://a.test/");
     for _ in 0..2 {
-        go(admit(&e, &a)).finish(Signal::Failure);
+        go(admit(&e, &a)).finish(Signal::Failure, &done());
     }
     match admit(&e, &a) {
         Admission::Defer { wait, reason } => {
@@ -246,7 +246,7 @@ async fn failures_open_the_breaker_and_deliveries_are_deferred_until_a_probe() {
             ..
         }
     ));
-    probe.finish(Signal::Alive);
+    probe.finish(Signal::Alive, &done());
     assert!(!go(admit(&e, &a)).is_probe());
 }
 
@@ -255,7 +255,7 @@ async fn a_dropped_probe_is_given_back() {
     let e = endpoints(4, 8);
     let a = url("http://a.test/");
     for _ in 0..2 {
-        go(admit(&e, &a)).finish(Signal::Failure);
+        go(admit(&e, &a)).finish(Signal::Failure, &done());
     }
     tokio::time::sleep(Duration::from_millis(210)).await;
     drop(go(admit(&e, &a)));
@@ -301,7 +301,7 @@ async fn a_rate_parks_short_waits_and_defers_long_ones() {
 async fn a_pause_defers_every_delivery_to_the_endpoint() {
     let e = endpoints(4, 8);
     let a = url("http://a.test/");
-    go(admit(&e, &a)).finish(Signal::Pause(Duration::from_secs(2)));
+    go(admit(&e, &a)).finish(Signal::Pause(Duration::from_secs(2)), &done());
     match admit(&e, &a) {
         Admission::Defer { wait, reason } => {
             assert_eq!(reason, DeferReason::Paused);
@@ -319,7 +319,7 @@ async fn a_busy_endpoints_deferrals_are_spread_over_its_schedule() {
     let mut first = go(admit(&e, &a));
     first.start();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    first.finish(Signal::Alive);
+    first.finish(Signal::Alive, &done());
     let _held = go(admit(&e, &a));
     let waits: Vec<Duration> = (0..4)
         .map(|_| match admit(&e, &a) {
@@ -369,5 +369,16 @@ fn defer_delays_grow_with_deferrals_and_keep_the_wait() {
             d >= ms(lo) && d <= ms(lo * 3 / 2),
             "{wait:?} x{deferrals}: {d:?}"
         );
+    }
+}
+
+/// What an attempt came to, for the activity: these tests judge the
+/// endpoint by its signal alone.
+fn done() -> super::Outcome {
+    super::Outcome {
+        success: true,
+        status: Some(200),
+        error: None,
+        retry_due_ms: None,
     }
 }

@@ -13,6 +13,7 @@ use crate::message::state::{
     self, is_broker_count_header, to_json, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_FIRST_AT,
     H_HISTORY, H_ID, H_LAST_ERROR, H_LAST_STATUS,
 };
+use crate::message::target::Target;
 
 /// One dead letter. Serialised as one `--json` line: the notification's own
 /// fields at the top level (so `publish --file` can re-import it) plus a
@@ -179,6 +180,8 @@ pub struct Filter {
     pub ids: Vec<String>,
     pub reason: Option<String>,
     pub url_contains: Option<String>,
+    /// Only those to this endpoint (origin or URL prefix).
+    pub endpoint: Option<Target>,
     /// Only those that died within this long before now.
     pub since: Option<Duration>,
 }
@@ -188,6 +191,7 @@ impl Filter {
         self.ids.is_empty()
             && self.reason.is_none()
             && self.url_contains.is_none()
+            && self.endpoint.is_none()
             && self.since.is_none()
     }
 
@@ -201,6 +205,12 @@ impl Filter {
                 .url_contains
                 .as_ref()
                 .is_none_or(|u| d.url.as_deref().is_some_and(|url| url.contains(u.as_str())))
+            && self.endpoint.as_ref().is_none_or(|t| {
+                d.url
+                    .as_deref()
+                    .and_then(|u| url::Url::parse(u).ok())
+                    .is_some_and(|u| t.matches(&u))
+            })
             && self.since.is_none_or(|s| {
                 d.meta
                     .dead_at

@@ -5,6 +5,7 @@
 pub mod dead_letter;
 pub(crate) mod redact;
 pub mod state;
+pub mod target;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,8 +1,9 @@
-//! What operators do with a prefix: dead letters, status, the demo.
+//! What operators do with a prefix: dead letters, endpoints, status, the demo.
 
 pub(crate) mod demo;
 mod demo_receiver;
 pub mod dlq;
+pub mod endpoints;
 pub(crate) mod local_cluster;
 pub(crate) mod local_node;
 

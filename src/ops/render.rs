@@ -29,7 +29,23 @@ pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
         }
     }
     delay_backend(s, out)?;
+    endpoints(s, out)?;
     cascade(s, out)
+}
+
+/// One line: endpoints by state (`redeliver endpoint list` has them all).
+fn endpoints(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
+    let Some(e) = &s.endpoints else {
+        return writeln!(
+            out,
+            "endpoints      ? (the endpoint state could not be read)"
+        );
+    };
+    writeln!(
+        out,
+        "endpoints      {} active, {} paused, {} disabled, {} breaker open ({} worker(s) reporting)",
+        e.active, e.paused, e.disabled, e.breaker_open, e.workers
+    )
 }
 
 /// The node this report came through and, from the management API, the

@@ -57,6 +57,32 @@ pub struct Status {
     /// What the `run` workers' delay probes report, per backend (empty
     /// when no worker reported in the last 90 s, or probes are off).
     pub delay_probes: Vec<ProbeSummary>,
+    /// Endpoints by state over the live workers (`endpoint list`'s rows);
+    /// `None` when the shared state could not be read.
+    pub endpoints: Option<EndpointsStatus>,
+}
+
+/// How many endpoints are in each state, and workers reporting.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct EndpointsStatus {
+    pub active: usize,
+    pub paused: usize,
+    pub disabled: usize,
+    pub breaker_open: usize,
+    pub workers: usize,
+}
+
+/// The endpoint tally, from the shared state and the workers' reports.
+async fn endpoints(broker: &BrokerSettings) -> Option<EndpointsStatus> {
+    let o = crate::ops::endpoints::overview(broker).await.ok()?;
+    let [active, paused, disabled, breaker_open] = crate::control::view::tally(&o.rows);
+    Some(EndpointsStatus {
+        active,
+        paused,
+        disabled,
+        breaker_open,
+        workers: o.reports.len(),
+    })
 }
 
 pub use crate::delay::report::Summary as ProbeSummary;
@@ -100,6 +126,7 @@ pub async fn status(
         crate::delay::report::summarize(&crate::delay::report::read(&conn, &t).await);
     let mut s = Status {
         delay_probes,
+        endpoints: endpoints(broker).await,
         prefix: broker.prefix.clone(),
         broker: broker.url.redacted(),
         connected,

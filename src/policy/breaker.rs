@@ -93,6 +93,8 @@ pub fn signal(result: &AttemptResult) -> Signal {
     match result {
         AttemptResult::Failed { .. } => Signal::Failure,
         AttemptResult::Refused { .. } => Signal::Nothing,
+        // It answered, on purpose: up, and the notification is the matter.
+        AttemptResult::Aborted { .. } => Signal::AppError,
         AttemptResult::Response {
             status: 429,
             retry_after,

@@ -20,6 +20,10 @@ pub enum AttemptResult {
     Failed { error: String },
     /// The handler refuses this notification for good (e.g. a blocked address).
     Refused { error: String },
+    /// The receiver answered `status` (not a 2xx) and asked for no further
+    /// attempt: the response header `webhook-delivery: abort-message`
+    /// (Svix's delivery control). Dead-lettered as `aborted-by-receiver`.
+    Aborted { status: u16 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +31,8 @@ pub enum Verdict {
     Success,
     Retryable,
     Permanent,
+    /// The receiver asked for no further attempt.
+    Aborted,
 }
 
 /// The rules that turn an [`AttemptResult`] into a [`Verdict`].
@@ -66,6 +72,11 @@ pub fn classify(
     match result {
         AttemptResult::Failed { error } => failed(Verdict::Retryable, None, error.clone()),
         AttemptResult::Refused { error } => failed(Verdict::Permanent, None, error.clone()),
+        AttemptResult::Aborted { status } => failed(
+            Verdict::Aborted,
+            Some(*status),
+            format!("HTTP {status}; the receiver asked for no further attempt (webhook-delivery: abort-message)"),
+        ),
         AttemptResult::Response {
             status,
             body,
@@ -187,6 +198,17 @@ mod tests {
             classify(&resp(200, "ok"), &r, Some("ok")).verdict,
             Verdict::Success
         );
+    }
+
+    #[test]
+    fn an_abort_is_its_own_verdict_with_the_status() {
+        let c = classify(
+            &AttemptResult::Aborted { status: 500 },
+            &SuccessRules::default(),
+            None,
+        );
+        assert_eq!((c.verdict, c.status), (Verdict::Aborted, Some(500)));
+        assert!(c.error.unwrap().contains("abort-message"));
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub enum DeadReason {
     /// Older than its `max_age` (counted from its first attempt, or from
     /// when a worker first deferred it).
     Expired,
+    /// The receiver answered `webhook-delivery: abort-message`.
+    AbortedByReceiver,
+    /// Its endpoint is disabled (`redeliver endpoint disable`, or the
+    /// automatic disable after `--disable-after` without a success).
+    EndpointDisabled,
 }
 
 impl DeadReason {
@@ -40,8 +45,21 @@ impl DeadReason {
             DeadReason::Permanent => "permanent",
             DeadReason::Invalid => "invalid",
             DeadReason::Expired => "expired",
+            DeadReason::AbortedByReceiver => "aborted-by-receiver",
+            DeadReason::EndpointDisabled => "endpoint-disabled",
         }
     }
+
+    /// Every reason, as `dlq --reason` accepts them.
+    pub const ALL: [&'static str; 7] = [
+        "max-attempts",
+        "permanent-status",
+        "permanent",
+        "invalid",
+        "expired",
+        "aborted-by-receiver",
+        "endpoint-disabled",
+    ];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +164,9 @@ fn action(c: &Classified, attempt: u32, policy: &RetryPolicy, rng: &mut impl Rng
         },
         Verdict::Permanent => Action::DeadLetter {
             reason: DeadReason::Permanent,
+        },
+        Verdict::Aborted => Action::DeadLetter {
+            reason: DeadReason::AbortedByReceiver,
         },
         Verdict::Retryable if attempt >= policy.max_attempts => Action::DeadLetter {
             reason: DeadReason::MaxAttempts,

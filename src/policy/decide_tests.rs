@@ -64,6 +64,25 @@ fn success_acks_and_permanent_dead_letters() {
     );
 }
 
+/// An abort ends the notification on its first attempt, however many
+/// attempts the policy has left.
+#[test]
+fn an_abort_dead_letters_at_once() {
+    let a = c(Verdict::Aborted, Some(500), None);
+    let dead = Action::DeadLetter {
+        reason: DeadReason::AbortedByReceiver,
+    };
+    assert_eq!(d(&a, 1), dead);
+    assert_eq!(dead_reason_name(&dead), "aborted-by-receiver");
+}
+
+fn dead_reason_name(a: &Action) -> &'static str {
+    match a {
+        Action::DeadLetter { reason } => reason.as_str(),
+        _ => "",
+    }
+}
+
 #[test]
 fn retry_after_raises_the_delay_but_is_capped() {
     let ra = c(Verdict::Retryable, Some(429), Some(3));

@@ -143,6 +143,7 @@ pub const ENDPOINT_APP_ERRORS: &str = "redeliver_endpoint_app_error_ratio";
 pub const ACTIVE_ENDPOINTS: &str = "redeliver_endpoints_active";
 pub const PARKED: &str = "redeliver_parked";
 pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
+pub const ENDPOINTS_BY_STATE: &str = "redeliver_endpoints";
 pub const DELAY_STALLED: &str = "redeliver_delay_backend_stalled";
 pub const DELAY_PROBE_SECONDS: &str = "redeliver_delay_probe_seconds";
 pub const DELAY_FAILOVER: &str = "redeliver_delay_failover_active";
@@ -246,6 +247,10 @@ fn describe_endpoint_metrics() {
     );
     describe_gauge!(PARKED, "Deliveries parked in this worker (--max-parked)");
     describe_gauge!(ENDPOINTS, "Endpoints this worker tracks (--max-endpoints)");
+    describe_gauge!(
+        ENDPOINTS_BY_STATE,
+        "Endpoints by state: active and breaker-open (this worker's, seen in the last 10 minutes), paused and disabled (targets, shared by every worker of the prefix)"
+    );
 }
 
 /// Records one attempt's outcome and duration.
@@ -270,6 +275,21 @@ pub fn record_invalid() {
 /// A notification past its max age is dead-lettered without an attempt.
 pub fn record_expired() {
     metrics::counter!(DELIVERIES, "outcome" => "dead", "reason" => "expired").increment(1);
+}
+
+/// The host's name, for reports (`/proc` on Linux, else `HOSTNAME`).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "?".into())
+}
+
+/// This process as reports name it: `host/pid`.
+pub fn worker_id() -> String {
+    format!("{}/{}", hostname(), std::process::id())
 }
 
 /// Counts a gauge up for as long as the guard lives: no path out of a

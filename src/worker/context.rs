@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::WorkerSettings;
+use crate::control::Control;
 use crate::endpoint::Endpoints;
 use crate::publish::Publisher;
 
@@ -27,6 +28,8 @@ pub struct Context<H> {
     pub slots: Arc<Semaphore>,
     /// Per-endpoint limits and breakers, shared by every session.
     pub endpoints: Arc<Endpoints>,
+    /// What operators paused or disabled, shared by every session.
+    pub control: Control,
     /// Notified when a parked delivery waits for a slot (see `process::take_slot`).
     pub slot_wanted: Arc<Notify>,
     /// The session's tasks: deliveries, and originals held for the settle.

@@ -12,6 +12,7 @@ use super::context::{Context, Done, HttpSpan};
 use crate::clock::now_ms;
 use crate::endpoint::{defer_delay, DeferReason};
 use crate::message::state::{self, AttemptRecord, RetryState};
+use crate::message::target::Target;
 use crate::message::InvalidMessage;
 use crate::policy::{Action, DeadReason, Decision};
 use crate::publish::{republish_properties, PublishError};
@@ -61,12 +62,23 @@ async fn retry<H>(
 pub(super) async fn defer<H>(
     ctx: &Context<H>,
     d: &Delivery,
-    mut st: RetryState,
+    st: RetryState,
     id: &str,
     wait: Duration,
     reason: DeferReason,
 ) -> Result<Done, PublishError> {
     let delay = defer_delay(wait, st.deferrals, &mut rand::rng());
+    defer_for(ctx, d, st, id, delay, reason).await
+}
+
+async fn defer_for<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    mut st: RetryState,
+    id: &str,
+    delay: Duration,
+    reason: DeferReason,
+) -> Result<Done, PublishError> {
     st.id = Some(id.to_string());
     st.defer(now_ms());
     debug!(
@@ -78,6 +90,31 @@ pub(super) async fn defer<H>(
     );
     let headers = st.to_headers(d.properties.headers().as_ref(), None);
     retry(ctx, d, headers, delay).await
+}
+
+/// How long a paused target's notification waits before it asks again, at
+/// most (the deferral's jitter adds up to half): short enough that a
+/// resume reaches its whole backlog within a minute.
+pub const PAUSE_RECHECK: Duration = Duration::from_secs(30);
+
+/// Defers a notification to a paused target, without an attempt, until
+/// its pause ends or for [`PAUSE_RECHECK`], whichever is sooner; its
+/// `--max-age` still counts (the deferral starts its age).
+pub(super) async fn hold<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    st: RetryState,
+    id: &str,
+    target: &Target,
+    until_ms: Option<u64>,
+) -> Result<Done, PublishError> {
+    let now = now_ms().max(0) as u64;
+    let left = until_ms.map_or(PAUSE_RECHECK, |u| {
+        Duration::from_millis(u.saturating_sub(now))
+    });
+    let delay = defer_delay(left.min(PAUSE_RECHECK), st.deferrals, &mut rand::rng());
+    ctx.control.held(target, now + delay.as_millis() as u64);
+    defer_for(ctx, d, st, id, delay, DeferReason::Held).await
 }
 
 /// Invalid messages keep their original bytes and headers, plus the reason.
@@ -111,6 +148,24 @@ pub(super) async fn dead_letter_expired<H>(
     dead_letter(ctx, d, headers, DeadReason::Expired)
         .await
         .map(|()| Done::Ack(None))
+}
+
+/// Dead-letters a notification whose target is disabled, unattempted; its
+/// history is kept as it was.
+pub(super) async fn dead_letter_disabled<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    st: &RetryState,
+    id: &str,
+    target: &Target,
+) -> Result<Done, PublishError> {
+    debug!(id, %target, "endpoint disabled; dead-lettering without an attempt");
+    metrics::counter!(telemetry::DELIVERIES, "outcome" => "dead", "reason" => "endpoint-disabled")
+        .increment(1);
+    let headers = st.to_headers(d.properties.headers().as_ref(), None);
+    dead_letter(ctx, d, headers, DeadReason::EndpointDisabled).await?;
+    ctx.control.dead_lettered(target);
+    Ok(Done::Ack(None))
 }
 
 async fn dead_letter<H>(

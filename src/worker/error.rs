@@ -26,6 +26,10 @@ pub enum WorkerError {
     HolderStopped,
     #[error("the delay probe stopped; reconnecting")]
     ProbeStopped,
+    #[error("the shared endpoint state: {0}")]
+    Control(#[from] crate::control::ControlError),
+    #[error("following the shared endpoint state stopped; reconnecting")]
+    ControlStopped,
     #[error("concurrency must be at least 1")]
     Concurrency,
     #[error("invalid broker URL {url}: {reason}")]
@@ -42,7 +46,10 @@ impl WorkerError {
             WorkerError::Concurrency
             | WorkerError::BadUrl { .. }
             | WorkerError::Topology(TopologyError::DelayedExchangeMissing)
-            | WorkerError::Topology(TopologyError::Mismatch { .. }) => true,
+            | WorkerError::Topology(TopologyError::Mismatch { .. })
+            // The broker refused the stream itself (no streams, or one of
+            // this name with other settings): retrying will not help.
+            | WorkerError::Control(crate::control::ControlError::Declare { .. }) => true,
             _ => false,
         }
     }

@@ -2,6 +2,7 @@
 //! reconnection after the broker connection is lost.
 
 mod acks;
+mod admit;
 mod context;
 mod copy;
 mod error;
@@ -138,6 +139,7 @@ fn shared(settings: &WorkerSettings, delay: crate::config::DelayBackend) -> Shar
             settings.routes.clone(),
         )),
         watch: Watch::new(settings.delay_probe, delay, settings.health.clone()),
+        control: crate::control::Control::new(&settings.control),
     }
 }
 

@@ -10,76 +10,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::message::Delivery;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use tracing::{info, warn};
 
+use super::admit::{admit, held_back, Slot};
 use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
-use crate::endpoint::{Admission, Pass};
+use crate::endpoint::{Admission, Outcome, Pass};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
-use crate::policy::{self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy};
+use crate::policy::{
+    self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy, Verdict,
+};
 use crate::publish::PublishError;
-use crate::telemetry::{self, GaugeGuard};
+use crate::telemetry;
 
 /// How long a delivery whose republish failed waits before it is requeued,
 /// so a broken broker path is not hammered with HTTP attempts.
 const REQUEUE_BACKOFF: Duration = Duration::from_secs(1);
-
-/// A delivery's place in the concurrency limit. It is freed as soon as the
-/// HTTP attempt is over: waiting for a republish confirm, or the retry
-/// settle, is not a request in flight. The prefetch room covers those.
-/// Until its endpoint admits it, it also holds a parking place, which it
-/// keeps only if it parks.
-pub struct Slot {
-    permit: Option<SlotPermit>,
-    place: Option<OwnedSemaphorePermit>,
-}
-
-impl Slot {
-    pub fn new(permit: OwnedSemaphorePermit, place: Option<OwnedSemaphorePermit>) -> Self {
-        Slot {
-            permit: Some((permit, GaugeGuard::new(telemetry::IN_FLIGHT))),
-            place,
-        }
-    }
-
-    pub(super) fn free(&mut self) {
-        self.permit.take();
-        self.place.take();
-    }
-}
-
-/// A slot for a delivery that was parked, in turn with the consumer. While
-/// every slot is taken it keeps asking the pump (`wanted`) to give back
-/// the one it holds while it waits for the next delivery: with
-/// `--concurrency 1` on a quiet queue that one would never come back.
-async fn take_slot(slots: &Arc<Semaphore>, wanted: &Notify) -> Option<SlotPermit> {
-    let guard = |p| (p, GaugeGuard::new(telemetry::IN_FLIGHT));
-    if let Ok(p) = slots.clone().try_acquire_owned() {
-        return Some(guard(p));
-    }
-    let mut acquire = std::pin::pin!(slots.clone().acquire_owned());
-    loop {
-        // Ask at once: a pump that is never idle (a backlog) would
-        // otherwise keep every slot a parked delivery waits for.
-        wanted.notify_one();
-        tokio::select! {
-            p = &mut acquire => return p.ok().map(guard),
-            _ = tokio::time::sleep(SLOT_NUDGE) => {}
-        }
-    }
-}
-
-/// How long a parked delivery waits for a slot before it nudges the pump.
-const SLOT_NUDGE: Duration = Duration::from_millis(20);
-
-type SlotPermit = (OwnedSemaphorePermit, GaugeGuard);
 
 /// Processes one delivery, from decoding to its ack (or requeue). `lease`
 /// keeps the channel it arrived on open until then; `pulled` is when the
@@ -207,24 +159,20 @@ async fn handle<H: DeliveryHandler>(
         slot.free();
         return dead_letter_expired(ctx, d, &st, &n.id).await;
     }
-    let admission = match ctx.endpoints.try_admit(&n.url, slot.place.take()) {
-        // Alone, it waits for its endpoint with its slot: nobody else
-        // needs it, and winning it back from the pump would cost time.
-        Admission::Park(parked) if parked.keeps_slot() => {
-            parked.wait(|| std::future::ready(())).await.0
-        }
-        Admission::Park(parked) => {
-            // Waiting for its endpoint is not a request in flight.
-            slot.free();
-            let (slots, wanted) = (&ctx.slots, &ctx.slot_wanted);
-            let (admission, permit) = parked.wait(|| take_slot(slots, wanted)).await;
-            slot.permit = permit.flatten();
-            admission
-        }
-        other => other,
-    };
+    if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+        return done;
+    }
+    let (admission, waited) = admit(ctx, &n, slot).await;
     match admission {
-        Admission::Go(pass) => attempt(ctx, d, n, st, slot, pass).await,
+        Admission::Go(pass) => {
+            // It waited for its endpoint: a pause may have come meanwhile.
+            if waited {
+                if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+                    return done;
+                }
+            }
+            attempt(ctx, d, n, st, slot, pass).await
+        }
         Admission::Defer { wait, reason } => {
             slot.free();
             defer(ctx, d, st, &n.id, wait, reason).await
@@ -270,15 +218,15 @@ async fn attempt<H: DeliveryHandler>(
     let age = Duration::from_millis(st.age_ms(at_ms));
     pass.start();
     let result = ctx.handler.deliver(&n, attempt).await;
-    // The endpoint's permit before the slot: a delivery pulled into the
-    // freed slot must not find its endpoint still counting this one.
-    pass.finish(policy::signal(&result));
-    slot.free();
     let span = HttpSpan {
         start,
         end: Instant::now(),
     };
     let decision = judge(&ctx.settings, &n, attempt, age, &result);
+    // The endpoint's permit before the slot: a delivery pulled into the
+    // freed slot must not find its endpoint still counting this one.
+    pass.finish(policy::signal(&result), &outcome(&decision));
+    slot.free();
     report(&ctx.settings, &n, attempt, &decision, span);
     let record = AttemptRecord {
         attempt,
@@ -291,6 +239,21 @@ async fn attempt<H: DeliveryHandler>(
         },
     };
     copy(ctx, d, st, &decision, record, span).await
+}
+
+/// What the attempt came to, for its endpoint's recent activity.
+fn outcome(decision: &Decision) -> Outcome {
+    let c = &decision.classified;
+    let retry_due_ms = match decision.action {
+        Action::Retry { delay } => Some(now_ms().max(0) as u64 + delay.as_millis() as u64),
+        _ => None,
+    };
+    Outcome {
+        success: c.verdict == Verdict::Success,
+        status: c.status,
+        error: c.error.clone(),
+        retry_due_ms,
+    }
 }
 
 /// The policy in force for this notification: its own fields, then its

@@ -11,11 +11,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::admit::Slot;
 use super::context::Context;
 use super::error::WorkerError;
 use super::feed::Feed;
-use super::process::{process, Slot};
+use super::process::process;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
+use crate::control::Control;
 use crate::delay::failover::Router;
 use crate::delay::hold::Holder;
 use crate::delay::probe::{Prober, Watch};
@@ -46,6 +48,8 @@ pub(super) struct Shared {
     pub(super) slot_wanted: Arc<Notify>,
     /// The delay backends' probe state and the failover switch.
     pub(super) watch: Watch,
+    /// The shared endpoint state: pauses, disables, the failing clock.
+    pub(super) control: Control,
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).
@@ -69,6 +73,8 @@ pub(super) struct Session<H> {
     hold_failed: CancellationToken,
     /// Cancelled when the delay probe ends before the session.
     probe_failed: CancellationToken,
+    /// Cancelled when following the endpoint state ends before the session.
+    control_failed: CancellationToken,
 }
 
 impl<H: DeliveryHandler> Session<H> {
@@ -88,23 +94,22 @@ impl<H: DeliveryHandler> Session<H> {
         // cascade that the first retry is routed to.
         let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
         let publisher = open_publisher(conn, broker, &topology, settings, shared).await?;
+        let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
+        // The endpoint state is read whole before the consumer starts: a
+        // pause or a disable applies from this session's first delivery.
+        let endpoints = shared.endpoints.clone();
+        let control_failed = shared
+            .control
+            .attach(conn, &topology, endpoints, &helpers)
+            .await?;
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
         let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
         let feed = Feed::open(conn, &topology.work, prefetch, settings.concurrency).await?;
-        let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
         let hard_stop = CancellationToken::new();
-        let hold_failed = match broker.delay {
-            // With the cascade, every worker also holds its prefix's short
-            // delays; held messages are tasks on `tracker`, drained like
-            // deliveries.
-            DelayBackend::Cascade => {
-                Holder::start(conn, &topology, publisher.clone(), settings.hold_prefetch)
-                    .await?
-                    .spawn(&tracker, &helpers, &hard_stop)
-            }
-            DelayBackend::Plugin => CancellationToken::new(),
-        };
+        let stops = (&tracker, &helpers, &hard_stop);
+        let hold_failed =
+            start_holder(conn, broker, settings, &topology, &publisher, stops).await?;
         info!(queue = %topology.work, concurrency = settings.concurrency, broker = %node, "consuming");
         let lost = start_watches(conn, &topology, settings, &helpers).await?;
         let probe_failed = match prober {
@@ -119,6 +124,7 @@ impl<H: DeliveryHandler> Session<H> {
             broken: CancellationToken::new(),
             slots: shared.slots.clone(),
             endpoints: shared.endpoints.clone(),
+            control: shared.control.clone(),
             slot_wanted: shared.slot_wanted.clone(),
             tracker: tracker.clone(),
         });
@@ -130,6 +136,7 @@ impl<H: DeliveryHandler> Session<H> {
             lost,
             hold_failed,
             probe_failed,
+            control_failed,
         })
     }
 
@@ -147,6 +154,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
+                _ = self.control_failed.cancelled() => return Err(WorkerError::ControlStopped),
                 p = async {
                     let place = self.ctx.endpoints.place().await;
                     (place, slots.clone().acquire_owned().await)
@@ -166,6 +174,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
+                _ = self.control_failed.cancelled() => return Err(WorkerError::ControlStopped),
                 // A parked delivery needs a slot and all are taken: give
                 // this idle one back (it is first in line) and take another.
                 _ = self.ctx.slot_wanted.notified() => continue,
@@ -223,6 +232,27 @@ impl<H: DeliveryHandler> Session<H> {
         acks.close();
         let _ = tokio::time::timeout(Duration::from_secs(5), acks.wait()).await;
     }
+}
+
+/// With the cascade, every worker also holds its prefix's short delays;
+/// held messages are tasks on the session's tracker, drained like
+/// deliveries. Returns the token cancelled if the holder fails.
+async fn start_holder(
+    conn: &Connection,
+    broker: &BrokerSettings,
+    settings: &WorkerSettings,
+    topology: &Topology,
+    publisher: &Publisher,
+    (tracker, helpers, hard_stop): (&TaskTracker, &CancellationToken, &CancellationToken),
+) -> Result<CancellationToken, WorkerError> {
+    Ok(match broker.delay {
+        DelayBackend::Cascade => {
+            Holder::start(conn, topology, publisher.clone(), settings.hold_prefetch)
+                .await?
+                .spawn(tracker, helpers, hard_stop)
+        }
+        DelayBackend::Plugin => CancellationToken::new(),
+    })
 }
 
 /// The session's confirm channels, routing delays through the worker's

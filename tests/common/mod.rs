@@ -166,6 +166,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod dead_letters;
 pub mod delayed;
+pub mod endpoints;
 pub mod harness;
 pub mod metrics;
 pub mod process;

@@ -74,7 +74,7 @@ impl Watch {
             primary,
             switch: Switch::default(),
             health,
-            worker: format!("{}/{}", hostname(), std::process::id()).into(),
+            worker: crate::telemetry::worker_id().into(),
         }
     }
 
@@ -282,14 +282,4 @@ fn epoch_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// The host's name, for reports (`/proc` on Linux, else `HOSTNAME`).
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "?".into())
 }

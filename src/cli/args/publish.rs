@@ -1,0 +1,63 @@
+//! `redeliver publish`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::parse::duration;
+
+#[derive(Debug, Args, Clone)]
+pub struct PublishArgs {
+    /// Target URL (http or https).
+    #[arg(
+        long,
+        env = "REDELIVER_PUBLISH_URL",
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub url: Option<String>,
+    /// JSON request body.
+    #[arg(long, env = "REDELIVER_PUBLISH_BODY", conflicts_with_all = ["body_file", "file"])]
+    pub body: Option<String>,
+    /// Read the JSON request body from a file.
+    #[arg(long, env = "REDELIVER_PUBLISH_BODY_FILE", conflicts_with = "file")]
+    pub body_file: Option<PathBuf>,
+    /// Notification id (default: a new UUID). Receivers deduplicate on it.
+    #[arg(long, env = "REDELIVER_PUBLISH_ID", conflicts_with = "file")]
+    pub id: Option<String>,
+    /// Extra request header, `Name: value`; repeatable.
+    #[arg(
+        long = "header",
+        value_name = "K:V",
+        env = "REDELIVER_PUBLISH_HEADERS",
+        value_delimiter = '\n',
+        conflicts_with = "file"
+    )]
+    pub headers: Vec<String>,
+    /// HTTP method (default POST).
+    #[arg(long, env = "REDELIVER_PUBLISH_METHOD", conflicts_with = "file")]
+    pub method: Option<String>,
+    /// Per-notification max attempts.
+    #[arg(long, env = "REDELIVER_PUBLISH_MAX_ATTEMPTS", conflicts_with = "file")]
+    pub max_attempts: Option<u64>,
+    /// Per-notification schedule, e.g. 1s,5s,30s.
+    #[arg(long, env = "REDELIVER_PUBLISH_SCHEDULE", conflicts_with = "file")]
+    pub schedule: Option<String>,
+    /// Per-notification expected response body.
+    #[arg(long, env = "REDELIVER_PUBLISH_SUCCESS_BODY", conflicts_with = "file")]
+    pub success_body: Option<String>,
+    /// Per-notification max age (e.g. 72h): retried or deferred no longer
+    /// than this, then dead-lettered as `expired`.
+    #[arg(long, env = "REDELIVER_PUBLISH_MAX_AGE", conflicts_with = "file", value_parser = duration)]
+    pub max_age: Option<Duration>,
+    /// Delay the first delivery (sent through the retry exchange).
+    #[arg(long, env = "REDELIVER_PUBLISH_DELAY", value_parser = duration)]
+    pub delay: Option<Duration>,
+    /// JSON lines, one notification object per line; `-` reads stdin.
+    #[arg(long, env = "REDELIVER_PUBLISH_FILE")]
+    pub file: Option<PathBuf>,
+    /// Largest notification accepted.
+    #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+}

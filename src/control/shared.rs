@@ -1,0 +1,129 @@
+//! One worker's copy of the shared state, across its connections: the
+//! folded book, the table every delivery asks, the planner's carry, and
+//! what this worker held back. The follow and tick tasks (`follow.rs`)
+//! write to it; [`super::Control`] reads it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+
+use super::book::{Applied, Book};
+use super::plan::{Carry, PlanSettings};
+use super::record::Record;
+use super::reports::HeldReport;
+use super::table::Table;
+use crate::endpoint::activity::Activity;
+use crate::message::target::Target;
+
+pub(super) struct Shared {
+    pub(super) plan: PlanSettings,
+    /// `auto host/pid`: how this worker signs its records.
+    pub(super) me: String,
+    /// `host/pid`, in its reports.
+    pub(super) worker: String,
+    /// What is in force now; replaced whole when a control changes. Read
+    /// by every delivery without a lock or a shared counter's write.
+    table: ArcSwap<Table>,
+    /// Whether the table holds anything: with nothing paused or disabled,
+    /// a delivery pays one atomic load.
+    any: AtomicBool,
+    pub(super) book: Mutex<Book>,
+    pub(super) carry: Mutex<Carry>,
+    held: Mutex<HashMap<Target, Held>>,
+}
+
+/// What this worker held back for one paused or disabled target.
+#[derive(Default)]
+struct Held {
+    waits: Activity,
+    dead: u64,
+}
+
+impl Shared {
+    pub(super) fn new(plan: PlanSettings, worker: String) -> Shared {
+        Shared {
+            plan,
+            me: format!("auto {worker}"),
+            worker,
+            table: ArcSwap::from_pointee(Table::default()),
+            any: AtomicBool::new(false),
+            book: Mutex::new(Book::default()),
+            carry: Mutex::new(Carry::default()),
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether anything is paused or disabled (then ask [`Shared::table`]).
+    pub(super) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    pub(super) fn table(&self) -> Arc<Table> {
+        self.table.load_full()
+    }
+
+    /// The table for one lookup, cheaper than [`Shared::table`].
+    pub(super) fn with_table<T>(&self, f: impl FnOnce(&Table) -> T) -> T {
+        f(&self.table.load())
+    }
+
+    fn set_table(&self, table: Table) {
+        let any = !table.is_empty();
+        self.table.store(Arc::new(table));
+        self.any.store(any, Ordering::Release);
+    }
+
+    /// Replaces the whole state (a new connection read it afresh).
+    pub(super) fn install(&self, book: Book) {
+        let table = Table::build(&book, now_ms());
+        *lock(&self.book) = book;
+        self.set_table(table);
+    }
+
+    /// Applies one record from the stream.
+    pub(super) fn apply(&self, offset: u64, r: Record) {
+        let mut book = lock(&self.book);
+        if book.apply(offset, r) == Applied::Control {
+            self.set_table(Table::build(&book, now_ms()));
+        }
+    }
+
+    pub(super) fn held(&self, target: &Target, due_ms: u64) {
+        let mut held = lock(&self.held);
+        let h = held.entry(target.clone()).or_default();
+        h.waits.wait_until(now_ms(), due_ms);
+    }
+
+    pub(super) fn dead_lettered(&self, target: &Target) {
+        lock(&self.held).entry(target.clone()).or_default().dead += 1;
+    }
+
+    /// This worker's held-back counts per target still paused or
+    /// disabled, for its report; the others are forgotten.
+    pub(super) fn held_reports(&self) -> Vec<HeldReport> {
+        let now = now_ms();
+        let table = self.table();
+        let in_force = |t: &Target| table.covering(t, now).is_some_and(|(by, _)| by == t);
+        let mut held = lock(&self.held);
+        held.retain(|t, _| in_force(t));
+        held.iter_mut()
+            .map(|(t, h)| HeldReport {
+                target: t.clone(),
+                waiting: h.waits.waiting(now),
+                dead_lettered: h.dead,
+            })
+            .collect()
+    }
+}
+
+/// A lock even if a holder panicked: the state is whole between records.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The wall clock in ms, as records carry it.
+pub(super) fn now_ms() -> u64 {
+    crate::clock::now_ms().max(0) as u64
+}

@@ -1,0 +1,102 @@
+//! What the shared state holds per target: the [`Mode`] in force (active,
+//! paused or disabled), the failing clock, and a short history. Written
+//! whole into snapshots (`record.rs`), folded by `book.rs`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::message::target::Target;
+
+/// Changes kept per target for `endpoint show`.
+const MAX_HISTORY: usize = 10;
+
+/// What is in force for a target.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Active,
+    Paused {
+        since_ms: u64,
+        until_ms: Option<u64>,
+        reason: Option<String>,
+        by: String,
+        id: String,
+    },
+    Disabled {
+        since_ms: u64,
+        reason: Option<String>,
+        by: String,
+    },
+}
+
+impl Mode {
+    /// Paused or disabled at `now_ms` (a pause past its `until` is over).
+    pub fn in_force(&self, now_ms: u64) -> bool {
+        match self {
+            Mode::Active => false,
+            Mode::Paused { until_ms, .. } => until_ms.is_none_or(|u| now_ms < u),
+            Mode::Disabled { .. } => true,
+        }
+    }
+
+    pub fn name(&self, now_ms: u64) -> &'static str {
+        match self {
+            Mode::Paused { .. } if self.in_force(now_ms) => "paused",
+            Mode::Disabled { .. } => "disabled",
+            _ => "active",
+        }
+    }
+}
+
+/// One change in a target's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub at_ms: u64,
+    /// `paused`, `resumed`, `pause expired`, `disabled` or `enabled`.
+    pub what: String,
+    pub by: String,
+    pub reason: Option<String>,
+    pub until_ms: Option<u64>,
+    /// The record's id.
+    pub id: String,
+}
+
+/// Everything shared about one target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyState {
+    pub target: Target,
+    pub control: Mode,
+    /// The first failed attempt after the last success, if it failed since.
+    pub failing_since_ms: Option<u64>,
+    /// Failed attempts since then, as the workers reported them.
+    pub failures: u64,
+    pub last_success_ms: Option<u64>,
+    /// Its last record.
+    pub updated_ms: u64,
+    pub history: Vec<Entry>,
+}
+
+impl KeyState {
+    pub(super) fn new(target: Target) -> Self {
+        KeyState {
+            target,
+            control: Mode::Active,
+            failing_since_ms: None,
+            failures: 0,
+            last_success_ms: None,
+            updated_ms: 0,
+            history: vec![],
+        }
+    }
+
+    /// An operator's change starts the failing clock afresh: failures
+    /// before a pause or a disable say nothing about the endpoint after it.
+    pub(super) fn set(&mut self, control: Mode, entry: Entry) {
+        self.control = control;
+        self.failing_since_ms = None;
+        self.failures = 0;
+        self.history.push(entry);
+        let excess = self.history.len().saturating_sub(MAX_HISTORY);
+        self.history.drain(..excess);
+    }
+}

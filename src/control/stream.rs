@@ -1,0 +1,241 @@
+//! The endpoint-state stream on the broker: a RabbitMQ stream, declared
+//! by every worker and every `endpoint` command, appended to with
+//! publisher confirms, and read from its first record by each reader.
+//!
+//! A stream, because many readers each read all of it (a queue hands each
+//! message to one), it is replicated and fsync'd like a quorum queue, and
+//! it survives broker restarts. AMQP 0.9.1 reads it with a prefetch and
+//! `x-stream-offset`; acks only move the credit window.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+
+use super::book::Book;
+use super::error::ControlError;
+use super::record::{Change, Record};
+
+/// Records older than this go once their segment is full; snapshots
+/// (`book.rs`) keep what they held.
+pub const MAX_AGE: &str = "7D";
+/// Small segments, so that retention can act on a stream this quiet.
+pub const SEGMENT_BYTES: i64 = 1_000_000;
+/// Records in flight to a reader at once.
+const PREFETCH: u16 = 1_000;
+/// A bound on declaring, and on each confirm.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Declares the stream on a channel of its own (a refusal closes the
+/// channel it happens on).
+pub async fn declare(conn: &Connection, name: &str) -> Result<(), ControlError> {
+    let ch = conn.create_channel().await?;
+    let mut args = FieldTable::default();
+    // x-queue-type: stream, an append-only replicated log every reader reads whole.
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("stream".into()),
+    );
+    // x-max-age: retention by age; snapshots carry older state forward.
+    args.insert("x-max-age".into(), AMQPValue::LongString(MAX_AGE.into()));
+    // x-stream-max-segment-size-bytes: retention drops whole segments only.
+    args.insert(
+        "x-stream-max-segment-size-bytes".into(),
+        AMQPValue::LongLongInt(SEGMENT_BYTES),
+    );
+    let opts = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let declared = ch.queue_declare(name.into(), opts, args);
+    let result = match tokio::time::timeout(OP_TIMEOUT, declared).await {
+        Ok(r) => r.map(drop).map_err(|e| ControlError::declare(name, e)),
+        Err(_) => Err(ControlError::Timeout("declaring the endpoint-state stream")),
+    };
+    let _ = ch.close(200, "declared".into()).await;
+    result
+}
+
+/// Whether the stream exists (a passive declare on a channel of its own).
+pub async fn exists(conn: &Connection, name: &str) -> Result<bool, ControlError> {
+    let ch = conn.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    match ch
+        .queue_declare(name.into(), passive, FieldTable::default())
+        .await
+    {
+        Ok(_) => {
+            let _ = ch.close(200, "".into()).await;
+            Ok(true)
+        }
+        Err(e) if e.is_amqp_soft_error() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Appends records, each confirmed by the broker before it returns.
+pub struct Writer {
+    ch: Channel,
+    name: String,
+}
+
+impl Writer {
+    pub async fn open(conn: &Connection, name: &str) -> Result<Writer, ControlError> {
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(Writer {
+            ch,
+            name: name.to_string(),
+        })
+    }
+
+    pub async fn append(&self, r: &Record) -> Result<(), ControlError> {
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(r.id.as_str().into());
+        // mandatory: a stream that is gone is an error, not a silent drop.
+        let opts = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let body = r.to_json();
+        let publish = async {
+            let confirm = self
+                .ch
+                .basic_publish("".into(), self.name.as_str().into(), opts, &body, props)
+                .await?
+                .await?;
+            Ok::<_, lapin::Error>(confirm)
+        };
+        match tokio::time::timeout(OP_TIMEOUT, publish).await {
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(_)) => Err(ControlError::Refused(self.name.clone())),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ControlError::Timeout(
+                "a confirm from the endpoint-state stream",
+            )),
+        }
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.ch.status().connected()
+    }
+
+    pub async fn close(self) {
+        let _ = self.ch.close(200, "done".into()).await;
+    }
+}
+
+/// The stream read from its first record, then live.
+pub struct Reader {
+    ch: Channel,
+    consumer: lapin::Consumer,
+}
+
+impl Reader {
+    pub async fn open(conn: &Connection, name: &str) -> Result<Reader, ControlError> {
+        let ch = conn.create_channel().await?;
+        // A stream consumer must set a prefetch: it is its credit window.
+        ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+        let mut args = FieldTable::default();
+        // x-stream-offset: first, the whole retained log.
+        args.insert(
+            "x-stream-offset".into(),
+            AMQPValue::LongString("first".into()),
+        );
+        let tag = format!(
+            "redeliver-state-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let consumer = ch
+            .basic_consume(
+                name.into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                args,
+            )
+            .await?;
+        Ok(Reader { ch, consumer })
+    }
+
+    /// The next record and its offset; `Ok(None)` when the consumer ended
+    /// (the channel closed, the stream was deleted). A body that is not a
+    /// record (someone else's message) is skipped, and said once.
+    pub async fn next(&mut self) -> Result<Option<(u64, Record)>, ControlError> {
+        loop {
+            let Some(d) = self.consumer.next().await else {
+                return Ok(None);
+            };
+            let d = d?;
+            d.ack(BasicAckOptions::default()).await?;
+            let offset = match d
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("x-stream-offset").cloned())
+            {
+                Some(AMQPValue::LongLongInt(o)) => o.max(0) as u64,
+                _ => continue,
+            };
+            match serde_json::from_slice::<Record>(&d.data) {
+                Ok(r) => return Ok(Some((offset, r))),
+                Err(e) => {
+                    tracing::warn!(offset, error = %e, "skipped a message on the endpoint-state stream that is not a record")
+                }
+            }
+        }
+    }
+
+    pub async fn close(self) {
+        let _ = self.ch.close(200, "done".into()).await;
+    }
+}
+
+/// Appends a marker and folds everything before it into `book`: once the
+/// marker comes back, every record written before it has been read.
+pub async fn catch_up(
+    writer: &Writer,
+    reader: &mut Reader,
+    book: &mut Book,
+    me: &str,
+    within: Duration,
+) -> Result<(), ControlError> {
+    let marker = Record::new(crate::clock::now_ms().max(0) as u64, me, Change::Sync);
+    writer.append(&marker).await?;
+    read_through(reader, book, &marker.id, within).await?;
+    if book.settle() {
+        tracing::warn!("the endpoint-state stream's start was cut off by its retention and no snapshot covers it; pauses and disables older than its first record may be missing");
+    }
+    Ok(())
+}
+
+/// Folds records into `book` up to and including the one with `id`.
+pub async fn read_through(
+    reader: &mut Reader,
+    book: &mut Book,
+    id: &str,
+    within: Duration,
+) -> Result<(), ControlError> {
+    let read = async {
+        while let Some((offset, r)) = reader.next().await? {
+            let done = r.id == id;
+            book.apply(offset, r);
+            if done {
+                return Ok(());
+            }
+        }
+        Err(ControlError::Ended)
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| ControlError::Timeout("reading the endpoint-state stream"))?
+}
