@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::app::TestApp;
-use common::endpoints::{history_count, origin, show, wait_state};
+use common::endpoints::{history_count, origin, show, stream_records, wait_state};
 use common::harness::wait_until;
 use common::metrics::run_with_admin;
 use common::receiver::{Receiver, Reply};
@@ -68,6 +68,13 @@ async fn only_an_endpoint_failing_for_the_whole_span_is_disabled_and_once(backen
     );
     let v = show(&app, &refused).expect("show");
     assert_eq!(history_count(&v, "disabled"), 1, "{v:#}");
+    // One record on the stream too, whichever worker wrote it.
+    let disables: Vec<_> = stream_records(&app)
+        .await
+        .into_iter()
+        .filter(|r| r["type"] == "disable" && r["target"] == refused.as_str())
+        .collect();
+    assert_eq!(disables.len(), 1, "{disables:#?}");
     let reason = v["control"]["reason"]
         .as_str()
         .unwrap_or_default()

@@ -48,7 +48,7 @@ const PACE: Duration = Duration::from_millis(40);
 /// The settles compared: the plugin backend's default (3 s, from the
 /// confirm-window phase), the 2 s default before it, and none.
 fn settles() -> [String; 3] {
-    [super::phases::plugin_settle(), "2s".into(), "0s".into()]
+    [super::options::plugin_settle(), "2s".into(), "0s".into()]
 }
 
 /// What goes wrong mid-run.

@@ -167,3 +167,9 @@ impl Sizes {
         }
     }
 }
+
+/// The plugin backend's default `--retry-settle` as the flag reads it
+/// ("3s"), so the bench's runs and labels follow the default.
+pub(super) fn plugin_settle() -> String {
+    humantime::format_duration(crate::config::DEFAULT_RETRY_SETTLE).to_string()
+}

@@ -370,7 +370,7 @@ impl Bench {
         let ideal = self.ideal_retry(n).await?;
         let plugin = self.opts.broker.delay == crate::config::DelayBackend::Plugin;
         // Explicit: it is the plugin backend's default, not the cascade's.
-        let s = plugin_settle();
+        let s = super::options::plugin_settle();
         let (settled, rss) = self.retry_run(n, &["--retry-settle", &s]).await?;
         let name = format!("successes, --retry-settle {s} (the plugin's default)");
         self.push(p, name, Some(settled), "msg/s");
@@ -438,10 +438,4 @@ impl Bench {
         let rss = usage.first().map_or(f64::NAN, |u| u.peak_rss_mib);
         Ok((seen.rate(), rss))
     }
-}
-
-/// The plugin backend's default `--retry-settle` as the flag reads it
-/// ("3s"), so the bench's runs and labels follow the default.
-pub(super) fn plugin_settle() -> String {
-    humantime::format_duration(crate::config::DEFAULT_RETRY_SETTLE).to_string()
 }

@@ -8,6 +8,8 @@ use crate::cli::args::{
 };
 use crate::cli::errors::Usage;
 use crate::cli::settings::broker_settings;
+use crate::control::book::Mode;
+use crate::control::view::Row;
 use crate::message::target::Target;
 use crate::ops::endpoints::{self, render, Changed, EndpointError, Op};
 
@@ -56,21 +58,26 @@ pub async fn show(
         .await
         .map_err(usage)?;
     let key = o.book.get(&a.target);
-    let Some(row) = o.row(&a.target) else {
-        if key.is_some() && !a.json {
-            writeln!(out, "endpoint       {}\nstate          active (no live worker saw it in the last 10 minutes)", a.target)?;
-            render::show_history(o.now_ms, key, out)?;
-            return Ok(());
-        }
+    // A target no live worker saw lately may still have a history.
+    let quiet = key.map(|k| Row {
+        endpoint: a.target.to_string(),
+        state: k.control.name(o.now_ms),
+        control: (k.control != Mode::Active).then(|| k.control.clone()),
+        failing_since_ms: k.failing_since_ms,
+        failures_since: k.failures,
+        last_success_ms: k.last_success_ms,
+        ..Row::default()
+    });
+    let Some(row) = o.row(&a.target).cloned().or(quiet) else {
         return Err(usage(EndpointError::Unknown(a.target.to_string())));
     };
     if a.json {
-        let mut v = serde_json::to_value(row)?;
+        let mut v = serde_json::to_value(&row)?;
         v["history"] = serde_json::to_value(key.map(|k| &k.history))?;
         writeln!(out, "{v}")?;
         return Ok(());
     }
-    render::show(&o, row, key, out)?;
+    render::show(&o, &row, key, out)?;
     Ok(())
 }
 

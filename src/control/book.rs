@@ -1,21 +1,43 @@
 //! The shared endpoint state, folded from the stream's records: what is
 //! paused or disabled, by whom and why, since when each endpoint has been
 //! failing, and each target's recent history. Pure: every worker applies
-//! the same records in the same order and gets the same book.
+//! the same records in the same order ([`super::fold`]) and gets the same
+//! book.
 //!
 //! Reading starts at the stream's first record. When retention has cut
-//! the stream's start off, the records before the first usable snapshot
-//! are kept aside until it comes ([`Book::apply`]).
+//! the stream's start off, the records before the first snapshot that
+//! covers them are kept aside until it comes ([`Book::apply`]); a reader
+//! that finds none folds what there is ([`Book::settle`]) and still takes
+//! the next snapshot that covers it.
 
 use std::collections::BTreeMap;
 
+use super::fold;
+pub use super::fold::EXPIRED;
 use super::record::{Change, Record};
-pub use super::state::{Entry, KeyState, Mode};
+pub use super::state::{Claim, Entry, KeyState, Mode};
 use crate::message::target::Target;
 
-/// A target with nothing in force and nothing failing is forgotten this
-/// long after its last change (the stream's own retention).
+/// A target with nothing in force is forgotten this long after its last
+/// record (the stream's own retention): a failing endpoint's record comes
+/// at least daily while it has traffic.
 pub const FORGET_AFTER_MS: u64 = 7 * 86_400_000;
+/// Records kept aside at most while no snapshot covers the start.
+const MAX_PENDING: usize = 100_000;
+
+/// How far the book is from the whole stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    /// The start was cut off: records wait for a covering snapshot.
+    #[default]
+    Reading,
+    /// Everything is in: the stream starts at offset 0, or a snapshot
+    /// covered what retention cut off.
+    Whole,
+    /// Settled without a covering snapshot: records are folded, and kept
+    /// aside too, for the next snapshot that covers them.
+    Lossy,
+}
 
 /// The folded state.
 #[derive(Clone, Debug, Default)]
@@ -23,21 +45,22 @@ pub struct Book {
     keys: BTreeMap<Target, KeyState>,
     /// The offset of the last record applied.
     through: Option<u64>,
-    /// Everything before `through` is in: the stream started at offset 0,
-    /// or a snapshot covered what retention cut off.
-    complete: bool,
-    first_offset: Option<u64>,
-    /// Records read before a usable snapshot, while not complete.
+    phase: Phase,
+    /// Records read while not whole, and the first offset they (or the
+    /// ones dropped past [`MAX_PENDING`]) started at.
     pending: Vec<(u64, Record)>,
-    /// When the newest snapshot was made, and records since it.
+    kept_from: Option<u64>,
+    /// When the newest snapshot was made, its size, and records since it.
     last_snapshot_ms: Option<u64>,
+    last_snapshot_keys: usize,
     since_snapshot: u64,
 }
 
 /// What applying one record did, for the caller to act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
-    /// A pause, resume, disable or enable took effect.
+    /// A pause, resume, disable or enable took effect (or a snapshot
+    /// replaced the state).
     Control,
     /// Anything else, or nothing.
     Other,
@@ -46,33 +69,61 @@ pub enum Applied {
 impl Book {
     /// Applies the record at `offset` (offsets come in increasing order).
     pub fn apply(&mut self, offset: u64, r: Record) -> Applied {
-        let first = *self.first_offset.get_or_insert(offset);
-        if offset == 0 {
-            self.complete = true;
+        let from = *self.kept_from.get_or_insert(offset);
+        if offset == 0 && self.phase == Phase::Reading {
+            self.phase = Phase::Whole;
         }
         if let Change::Snapshot { through, keys } = &r.change {
-            self.last_snapshot_ms = Some(r.at_ms);
-            self.since_snapshot = 0;
-            // Usable if it covers everything up to the first record read.
-            if !self.complete && through.saturating_add(1) >= first {
-                self.adopt(*through, keys.clone());
-                return Applied::Control;
-            }
-            return Applied::Other;
+            return self.snapshot(offset, from, *through, keys, r.at_ms);
         }
         self.since_snapshot += 1;
-        if !self.complete {
-            self.pending.push((offset, r));
-            return Applied::Other;
+        if self.phase != Phase::Whole {
+            self.keep(offset, r.clone());
+            if self.phase == Phase::Reading {
+                return Applied::Other;
+            }
         }
         self.through = Some(offset);
         self.fold(&r)
     }
 
+    /// A snapshot: adopted if the book is not whole and it covers the
+    /// records kept aside; else a whole book forgets, as its writer did,
+    /// what is worth keeping no longer.
+    fn snapshot(
+        &mut self,
+        offset: u64,
+        from: u64,
+        through: u64,
+        keys: &[KeyState],
+        at: u64,
+    ) -> Applied {
+        (self.last_snapshot_ms, self.last_snapshot_keys) = (Some(at), keys.len());
+        self.since_snapshot = 0;
+        if self.phase != Phase::Whole && through.saturating_add(1) >= from {
+            self.adopt(through, keys.to_vec());
+            return Applied::Control;
+        }
+        if self.phase == Phase::Whole {
+            self.through = Some(offset);
+            let kept = compacted(&self.keys, at);
+            self.keys.retain(|t, _| kept.iter().any(|k| &k.target == t));
+        }
+        Applied::Other
+    }
+
+    fn keep(&mut self, offset: u64, r: Record) {
+        self.pending.push((offset, r));
+        if self.pending.len() > MAX_PENDING {
+            self.pending.remove(0);
+            self.kept_from = self.pending.first().map(|(o, _)| *o);
+        }
+    }
+
     /// Takes a snapshot's keys, then the records read since it.
     fn adopt(&mut self, through: u64, keys: Vec<KeyState>) {
         self.keys = keys.into_iter().map(|k| (k.target.clone(), k)).collect();
-        self.complete = true;
+        self.phase = Phase::Whole;
         self.through = Some(through);
         for (offset, r) in std::mem::take(&mut self.pending) {
             if offset > through {
@@ -84,14 +135,18 @@ impl Book {
 
     /// Called once the reader caught up. If the stream's start was cut off
     /// and no snapshot covered it, folds what there is; returns `true`
-    /// then (older changes may be missing).
+    /// then (older changes may be missing until a snapshot covers them).
     pub fn settle(&mut self) -> bool {
-        if self.complete || self.first_offset.is_none() {
-            self.complete = true;
+        if self.phase != Phase::Reading {
+            return self.phase == Phase::Lossy;
+        }
+        if self.kept_from.is_none() {
+            self.phase = Phase::Whole;
             return false;
         }
-        self.complete = true;
-        for (offset, r) in std::mem::take(&mut self.pending) {
+        self.phase = Phase::Lossy;
+        let kept = self.pending.clone();
+        for (offset, r) in kept {
             self.through = Some(offset);
             self.fold(&r);
         }
@@ -106,15 +161,10 @@ impl Book {
             .keys
             .entry(target.clone())
             .or_insert_with(|| KeyState::new(target.clone()));
-        k.updated_ms = k.updated_ms.max(r.at_ms);
-        match &r.change {
-            Change::Failing {
-                since_ms, failures, ..
-            } => failing(k, *since_ms, *failures),
-            Change::Recovered { success_ms, .. } => recovered(k, *success_ms),
-            _ => return operator(k, r),
+        match fold::apply(k, r) {
+            true => Applied::Control,
+            false => Applied::Other,
         }
-        Applied::Other
     }
 
     pub fn get(&self, target: &Target) -> Option<&KeyState> {
@@ -129,102 +179,41 @@ impl Book {
         self.through
     }
 
-    /// Whether a snapshot is due: one is made at most every `every`, and
-    /// only when something was written since the last.
-    pub fn snapshot_due(&self, now_ms: u64, every_ms: u64) -> bool {
-        self.complete
+    /// Whether a snapshot is due: only when something was written since
+    /// the last, and at most every [`snapshot_every`] for the state's size
+    /// (plus `spread_ms`, this writer's share).
+    pub fn snapshot_due(&self, now_ms: u64, spread_ms: u64) -> bool {
+        let every = snapshot_every(self.last_snapshot_keys.max(self.keys.len())) + spread_ms;
+        self.phase != Phase::Reading
             && self.since_snapshot > 0
             && self
                 .last_snapshot_ms
-                .is_none_or(|at| now_ms.saturating_sub(at) >= every_ms)
+                .is_none_or(|at| now_ms.saturating_sub(at) >= every)
     }
 
-    /// The keys worth keeping, for a snapshot; forgets the others.
-    pub fn compact(&mut self, now_ms: u64) -> Vec<KeyState> {
-        self.keys.retain(|_, k| {
-            k.control != Mode::Active
-                || k.failing_since_ms.is_some()
-                || now_ms.saturating_sub(k.updated_ms) < FORGET_AFTER_MS
-        });
-        self.keys.values().cloned().collect()
+    /// The keys a snapshot made now keeps (see [`Book::snapshot`]).
+    pub fn snapshot_keys(&self, now_ms: u64) -> Vec<KeyState> {
+        compacted(&self.keys, now_ms)
     }
 }
 
-/// An operator's change (or the automatic disable, or a pause's end). A
-/// resume of what is not paused, an enable of what is not disabled and a
-/// second disable change nothing, and are not in the history.
-fn operator(k: &mut KeyState, r: &Record) -> Applied {
-    let entry = |what: &str, reason: &Option<String>, until_ms| Entry {
-        at_ms: r.at_ms,
-        what: what.into(),
-        by: r.by.clone(),
-        reason: reason.clone(),
-        until_ms,
-        id: r.id.clone(),
-    };
-    match &r.change {
-        Change::Pause {
-            reason, until_ms, ..
-        } => {
-            let mode = Mode::Paused {
-                since_ms: r.at_ms,
-                until_ms: *until_ms,
-                reason: reason.clone(),
-                by: r.by.clone(),
-                id: r.id.clone(),
-            };
-            k.set(mode, entry("paused", reason, *until_ms));
-        }
-        Change::Resume { .. } if matches!(k.control, Mode::Paused { .. }) => {
-            let what = match r.id.starts_with(EXPIRED) {
-                true => "pause expired",
-                false => "resumed",
-            };
-            k.set(Mode::Active, entry(what, &None, None));
-        }
-        Change::Disable { reason, .. } if !matches!(k.control, Mode::Disabled { .. }) => {
-            let mode = Mode::Disabled {
-                since_ms: r.at_ms,
-                reason: reason.clone(),
-                by: r.by.clone(),
-            };
-            k.set(mode, entry("disabled", reason, None));
-        }
-        Change::Enable { .. } if matches!(k.control, Mode::Disabled { .. }) => {
-            k.set(Mode::Active, entry("enabled", &None, None));
-        }
-        _ => return Applied::Other,
-    }
-    Applied::Control
+/// How often a snapshot is written: hourly for a small state, less often
+/// for a large one (two minutes per target), so that a week of snapshots
+/// stays a few megabytes, but at least every 3 days, well within the
+/// stream's 7 days of retention.
+pub fn snapshot_every(keys: usize) -> u64 {
+    (keys as u64 * 120_000).clamp(3_600_000, 3 * 86_400_000)
 }
 
-/// The id prefix of the resume that ends an expired pause.
-pub const EXPIRED: &str = "expired:";
-
-/// A worker's failures. While a target is paused or disabled no attempt is
-/// made; a report from before the change says nothing now.
-fn failing(k: &mut KeyState, since_ms: u64, failures: u64) {
-    if k.control != Mode::Active {
-        return;
-    }
-    match k.failing_since_ms {
-        Some(_) => k.failures = k.failures.saturating_add(failures),
-        None => {
-            // Not before the last success another worker reported.
-            let after = k.last_success_ms.map_or(0, |s| s + 1);
-            k.failing_since_ms = Some(since_ms.max(after));
-            k.failures = failures;
-        }
-    }
-}
-
-/// A worker's success ends the failing, unless it is older than it.
-fn recovered(k: &mut KeyState, success_ms: u64) {
-    k.last_success_ms = Some(k.last_success_ms.map_or(success_ms, |s| s.max(success_ms)));
-    if k.failing_since_ms.is_some_and(|since| success_ms >= since) {
-        k.failing_since_ms = None;
-        k.failures = 0;
-    }
+/// The targets worth keeping at `now_ms`: anything in force, and anything
+/// with a record in the last [`FORGET_AFTER_MS`].
+fn compacted(keys: &BTreeMap<Target, KeyState>, now_ms: u64) -> Vec<KeyState> {
+    keys.values()
+        .filter(|k| {
+            k.control != Mode::Active || now_ms.saturating_sub(k.updated_ms) < FORGET_AFTER_MS
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

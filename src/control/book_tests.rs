@@ -1,5 +1,6 @@
 use super::*;
 use crate::control::record::Record;
+use crate::control::state::CLAIM_TTL_MS;
 
 fn t(s: &str) -> Target {
     Target::parse(s).unwrap()
@@ -21,6 +22,15 @@ fn disable(target: &str) -> Change {
     Change::Disable {
         target: t(target),
         reason: None,
+        failing_since_ms: None,
+    }
+}
+
+fn auto_disable(target: &str, since: u64) -> Change {
+    Change::Disable {
+        target: t(target),
+        reason: Some("auto".into()),
+        failing_since_ms: Some(since),
     }
 }
 
@@ -138,7 +148,7 @@ fn a_cut_off_stream_starts_from_a_snapshot_that_covers_it() {
     let mut whole = Book::default();
     whole.apply(0, rec(1, pause(a, None)));
     whole.apply(1, rec(2, disable("https://b.example")));
-    let keys = whole.compact(3);
+    let keys = whole.snapshot_keys(3);
     let mut b = Book::default();
     // Retention removed offsets 0..=1; offset 2 was written while the
     // snapshot's writer was folding through 1.
@@ -165,22 +175,132 @@ fn without_a_covering_snapshot_settle_says_changes_may_be_missing() {
 
 #[test]
 fn snapshots_are_due_only_when_something_changed_since_the_last() {
+    let hour = 3_600_000;
     let mut b = Book::default();
-    assert!(!b.snapshot_due(0, 10), "nothing read");
+    assert!(!b.snapshot_due(0, 0), "nothing read");
     b.apply(0, rec(1, pause("https://a.example", None)));
-    assert!(b.snapshot_due(5, 10));
-    b.apply(
-        1,
-        rec(
-            5,
-            Change::Snapshot {
-                through: 0,
-                keys: vec![],
-            },
-        ),
-    );
-    assert!(!b.snapshot_due(100, 10), "nothing since");
+    assert!(b.snapshot_due(5, 0));
+    let empty = Change::Snapshot {
+        through: 0,
+        keys: vec![],
+    };
+    b.apply(1, rec(5, empty));
+    assert!(!b.snapshot_due(2 * hour, 0), "nothing since");
     b.apply(2, rec(6, Change::Sync));
-    assert!(!b.snapshot_due(10, 10), "the last is 5 ms old");
-    assert!(b.snapshot_due(15, 10));
+    assert!(!b.snapshot_due(hour, 0), "an hour at the least");
+    assert!(b.snapshot_due(hour + 5, 0));
+    // Two minutes per target, within an hour and three days.
+    assert_eq!(snapshot_every(10), hour);
+    assert_eq!(snapshot_every(100), 12_000_000);
+    assert_eq!(snapshot_every(1_000_000), 3 * 86_400_000);
+}
+
+/// A reader that settled without a covering snapshot takes the next one
+/// that covers what it read, and the records after it.
+#[test]
+fn a_lossy_book_takes_the_next_covering_snapshot() {
+    let a = "https://a.example";
+    let mut b = Book::default();
+    b.apply(5, rec(1, Change::Resume { target: t(a) }));
+    assert!(b.settle(), "lossy");
+    let mut whole = Book::default();
+    whole.apply(0, rec(1, pause("https://b.example", None)));
+    let keys = whole.snapshot_keys(2);
+    b.apply(6, rec(2, Change::Snapshot { through: 5, keys }));
+    assert!(!b.settle(), "whole now");
+    assert!(b.get(&t("https://b.example")).unwrap().control.in_force(3));
+}
+
+/// Every whole book forgets the same stale targets at the same snapshot.
+#[test]
+fn a_snapshot_record_compacts_every_reader_alike() {
+    let a = "http://127.0.0.1:4000";
+    let mut b = Book::default();
+    b.apply(0, rec(1, failing(a, 1, 3)));
+    b.apply(1, rec(2, pause("https://kept.example", None)));
+    let later = 1 + FORGET_AFTER_MS;
+    let empty = Change::Snapshot {
+        through: 1,
+        keys: vec![],
+    };
+    b.apply(2, rec(later, empty));
+    assert!(
+        b.get(&t(a)).is_none(),
+        "a quiet failing target is forgotten"
+    );
+    assert!(
+        b.get(&t("https://kept.example")).is_some(),
+        "what is in force stays"
+    );
+}
+
+#[test]
+fn a_workers_decisions_apply_only_while_what_they_judged_stands() {
+    let a = "https://a.example";
+    // An expired pause's resume closes that pause, not a newer one.
+    let resume = Change::Resume { target: t(a) };
+    let b = fold(vec![
+        Record::with_id("p1".into(), 1, "ops", pause(a, Some(5))),
+        Record::with_id("p2".into(), 6, "ops", pause(a, None)),
+        Record::with_id("expired:p1".into(), 7, "auto w/1", resume),
+    ]);
+    assert!(b.get(&t(a)).unwrap().control.in_force(100), "p2 holds");
+    // An automatic disable after an operator's enable, over a pause, or
+    // for another failing, changes nothing.
+    let f = "http://127.0.0.1:4000";
+    let enable = Change::Enable { target: t(f) };
+    let b = fold(vec![
+        rec(1, failing(f, 1, 20)),
+        rec(2, disable(f)),
+        rec(3, enable),
+        rec(4, auto_disable(f, 1)),
+    ]);
+    assert_eq!(b.get(&t(f)).unwrap().control, Mode::Active);
+    let paused = vec![
+        rec(1, failing(f, 1, 20)),
+        rec(2, pause(f, None)),
+        rec(3, auto_disable(f, 1)),
+    ];
+    assert!(matches!(
+        fold(paused).get(&t(f)).unwrap().control,
+        Mode::Paused { .. }
+    ));
+    let other = vec![rec(1, failing(f, 1, 20)), rec(3, auto_disable(f, 2))];
+    assert_eq!(fold(other).get(&t(f)).unwrap().control, Mode::Active);
+    let judged = vec![rec(1, failing(f, 1, 20)), rec(3, auto_disable(f, 1))];
+    assert!(matches!(
+        fold(judged).get(&t(f)).unwrap().control,
+        Mode::Disabled { .. }
+    ));
+    // A disable wins over a pause that comes after it.
+    let b = fold(vec![rec(1, disable(a)), rec(2, pause(a, None))]);
+    assert!(matches!(
+        b.get(&t(a)).unwrap().control,
+        Mode::Disabled { .. }
+    ));
+}
+
+#[test]
+fn the_first_claim_wins_until_it_goes_stale() {
+    let f = "http://127.0.0.1:4000";
+    let claim = |at, by: &str| {
+        let c = Change::Claim {
+            target: t(f),
+            failing_since_ms: 1,
+        };
+        Record::new(at, by, c)
+    };
+    let b = fold(vec![
+        rec(1, failing(f, 1, 20)),
+        claim(10, "w/1"),
+        claim(11, "w/2"),
+    ]);
+    assert_eq!(b.get(&t(f)).unwrap().claim.as_ref().unwrap().by, "w/1");
+    let stale = 10 + CLAIM_TTL_MS;
+    let b = fold(vec![
+        rec(1, failing(f, 1, 20)),
+        claim(10, "w/1"),
+        claim(stale, "w/2"),
+    ]);
+    assert_eq!(b.get(&t(f)).unwrap().claim.as_ref().unwrap().by, "w/2");
 }

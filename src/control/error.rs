@@ -4,7 +4,8 @@
 pub enum ControlError {
     #[error("AMQP error: {0}")]
     Amqp(#[from] lapin::Error),
-    #[error("declaring the endpoint-state stream {name:?} failed: {source}{hint}")]
+    /// The broker refused the stream itself: an operator must act.
+    #[error("the broker refused the endpoint-state stream {name:?}: {source}{hint}")]
     Declare {
         name: String,
         source: lapin::Error,
@@ -19,8 +20,28 @@ pub enum ControlError {
 }
 
 impl ControlError {
+    /// A declaration's failure: a refusal an operator must fix (no
+    /// streams, a queue of that name with other settings) is `Declare`;
+    /// anything else (a lost connection, a leader election) is `Amqp`,
+    /// which a reconnect may cure.
     pub(super) fn declare(name: &str, source: lapin::Error) -> Self {
-        let text = source.to_string();
+        let lapin::ErrorKind::ProtocolError(amqp) = source.kind() else {
+            return ControlError::Amqp(source);
+        };
+        let text = amqp.get_message().as_str().to_string();
+        let refused = [
+            "PRECONDITION_FAILED",
+            "inequivalent",
+            "invalid arg",
+            "not enabled",
+            "unsupported",
+            "unknown",
+        ]
+        .iter()
+        .any(|needle| text.contains(needle));
+        if !refused {
+            return ControlError::Amqp(source);
+        }
         let hint = match text.contains("stream") || text.contains("x-queue-type") {
             true => " (redeliver keeps endpoint state in a stream: RabbitMQ 3.9+ with the stream_queue feature flag enabled, as every 4.x has)",
             false => "",

@@ -1,31 +1,38 @@
 //! A worker's two tasks for the shared state, per connection: one follows
-//! the stream and applies each record as it comes; the other ticks every
-//! second to write what the planner decides (the failing clock, automatic
+//! the stream and applies each record as it comes (and reads the stream
+//! afresh should following break); the other ticks every second to write
+//! what the planner decides (the failing clock, claims and automatic
 //! disables, closed pauses, snapshots), to set the `redeliver_endpoints`
 //! gauge, and every [`REPORT_EVERY`] to publish this worker's report.
+//! Neither can stop deliveries: a record that cannot be written is tried
+//! again with the next tick's, on a fresh channel.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::error::ControlError;
-use super::plan;
+use super::plan::{self, Inputs};
 use super::record::{Change, Record};
 use super::reports::{self, EndpointReport, REPORT_EVERY, SEEN_WITHIN};
 use super::shared::{lock, now_ms, Shared};
-use super::stream::{Reader, Writer};
+use super::stream::{self, Reader, Writer};
+use crate::endpoint::activity::Delta;
 use crate::endpoint::{Endpoints, View};
+use crate::message::target::Target;
 use crate::telemetry;
 use crate::topology::Topology;
 
 /// How often the planner runs.
 const TICK: Duration = Duration::from_secs(1);
-/// A snapshot at most this often (plus this worker's spread, in minutes:
-/// so workers rarely write one each).
-const SNAPSHOT_EVERY_MS: u64 = 3_600_000;
+/// A broken follow is read afresh after this, doubling up to a minute.
+const REFOLLOW: Duration = Duration::from_secs(1);
+/// Automatic disables wait while more than half of this many endpoints
+/// or more (seen in the last 10 minutes) fail without a success.
+const MIN_FOR_HOLD: usize = 4;
 
 /// What the tasks share.
 pub(super) struct Tasks {
@@ -34,97 +41,174 @@ pub(super) struct Tasks {
     pub(super) topology: Topology,
     pub(super) conn: Arc<Connection>,
     pub(super) stop: CancellationToken,
-    pub(super) failed: CancellationToken,
 }
 
 impl Tasks {
-    pub(super) fn spawn(self, reader: Reader, writer: Writer) {
+    /// Starts both tasks; without a reader, the follow task first reads
+    /// the stream afresh.
+    pub(super) fn spawn(self, reader: Option<Reader>, writer: Option<Writer>) {
         let tasks = Arc::new(self);
         let t = tasks.clone();
         tokio::spawn(async move { t.follow(reader).await });
         tokio::spawn(async move { tasks.tick(writer).await });
     }
 
-    /// Applies records as they come, until stopped or the consumer ends.
-    async fn follow(&self, mut reader: Reader) {
+    /// Applies records as they come, until stopped; reads the stream
+    /// afresh when the consumer ends or fails.
+    async fn follow(&self, reader: Option<Reader>) {
+        let mut reader = match reader {
+            Some(r) => r,
+            None => match self.refollow().await {
+                Some(r) => r,
+                None => return,
+            },
+        };
         loop {
-            let next = tokio::select! {
-                _ = self.stop.cancelled() => break,
-                n = reader.next() => n,
+            let e = loop {
+                let next = tokio::select! {
+                    _ = self.stop.cancelled() => return reader.close().await,
+                    n = reader.next() => n,
+                };
+                match next {
+                    Ok(Some((offset, r))) => self.shared.apply(offset, r),
+                    Ok(None) => break ControlError::Ended,
+                    Err(e) => break e,
+                }
             };
-            match next {
-                Ok(Some((offset, r))) => self.shared.apply(offset, r),
-                Ok(None) => return self.fail(&ControlError::Ended),
-                Err(e) => return self.fail(&e),
+            warn!(error = %e, "following the endpoint-state stream broke; reading it afresh (deliveries go on with the state as it was)");
+            match self.refollow().await {
+                Some(r) => reader = r,
+                None => return,
             }
         }
-        reader.close().await;
     }
 
-    fn fail(&self, e: &ControlError) {
-        if !self.stop.is_cancelled() {
-            warn!(error = %e, "following the endpoint-state stream stopped; reconnecting");
-            self.failed.cancel();
+    /// Reads the stream afresh, backing off, until it works or the session
+    /// stops (`None`).
+    async fn refollow(&self) -> Option<Reader> {
+        let mut wait = REFOLLOW;
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return None,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let (name, me) = (&self.topology.endpoint_state, &self.shared.me);
+            match stream::open_and_read(&self.conn, name, me, stream::CATCH_UP).await {
+                Ok((book, reader, writer)) => {
+                    writer.close().await;
+                    self.shared.install(book);
+                    info!("following the endpoint-state stream again");
+                    return Some(reader);
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?wait, "reading the endpoint-state stream failed")
+                }
+            }
+            wait = (wait * 2).min(Duration::from_secs(60));
         }
     }
 
-    /// Plans and writes every [`TICK`]; reports every [`REPORT_EVERY`].
-    async fn tick(&self, writer: Writer) {
+    /// Plans and writes every [`TICK`]; every [`REPORT_EVERY`] looks at
+    /// every endpoint, for the gauges, the report and the hold on
+    /// automatic disables.
+    async fn tick(&self, mut writer: Option<Writer>) {
         let mut reports: Option<Channel> = None;
-        let mut reported = 0u64;
+        let (mut reported, mut hold) = (0u64, false);
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => break,
                 _ = tokio::time::sleep(TICK) => {}
             }
             let now = now_ms();
-            let views = self.endpoints.views(now, SEEN_WITHIN, true);
-            for r in self.planned(now, &views) {
-                if let Err(e) = writer.append(&r).await {
-                    return self.fail(&e);
-                }
-            }
-            self.gauges(now, &views);
             if now >= reported + REPORT_EVERY.as_millis() as u64 {
                 reported = now;
+                let views = self.endpoints.views(now, SEEN_WITHIN);
+                hold = self.hold(hold, &views);
+                self.gauges(now, &views);
                 self.report(&mut reports, now, views).await;
             }
+            self.held_gauges(now);
+            let records = self.planned(now, &self.endpoints.deltas(), hold);
+            self.write(&mut writer, &records).await;
         }
-        writer.close().await;
+        if let Some(w) = writer {
+            w.close().await;
+        }
+    }
+
+    /// Whether automatic disables wait (see [`mostly_failing`]), said once
+    /// each way.
+    fn hold(&self, was: bool, views: &[View]) -> bool {
+        let now = mostly_failing(views);
+        match (was, now) {
+            (false, true) => warn!("most of this worker's endpoints fail without a success; automatic disables wait (is its own network, DNS or proxy failing?)"),
+            (true, false) => info!("automatic disables no longer wait"),
+            _ => {}
+        }
+        now
+    }
+
+    /// Appends `records`, opening the writer's channel when needed. On a
+    /// failure the rest wait for the planner's next decisions (it plans
+    /// again from the state it reads back).
+    async fn write(&self, writer: &mut Option<Writer>, records: &[Record]) {
+        for r in records {
+            if writer.as_ref().is_none_or(|w| !w.is_connected()) {
+                *writer = Writer::open(&self.conn, &self.topology.endpoint_state)
+                    .await
+                    .ok();
+            }
+            let Some(w) = writer.as_ref() else { return };
+            if let Err(e) = w.append(r).await {
+                warn!(error = %e, "a record for the endpoint-state stream was not confirmed; planning again next tick");
+                *writer = None;
+                return;
+            }
+        }
     }
 
     /// The planner's records, and a snapshot when one is due.
-    fn planned(&self, now: u64, views: &[View]) -> Vec<Record> {
+    fn planned(
+        &self,
+        now: u64,
+        deltas: &[(Target, Delta, Option<u64>)],
+        hold: bool,
+    ) -> Vec<Record> {
         let inner = &self.shared;
-        let deltas: Vec<_> = views
-            .iter()
-            .filter(|v| !v.delta.is_empty())
-            .filter_map(|v| Some((v.target.clone()?, v.delta.clone(), v.last_success_ms)))
-            .collect();
-        let mut book = lock(&inner.book);
-        let mut carry = lock(&inner.carry);
-        let mut out = plan::plan(now, &book, &deltas, &mut carry, &inner.plan, &inner.me);
-        let every = SNAPSHOT_EVERY_MS + inner.plan.spread_ms * 60_000;
-        if book.snapshot_due(now, every) {
+        let book = lock(&inner.book);
+        let inputs = Inputs {
+            now_ms: now,
+            book: &book,
+            deltas,
+            hold_disables: hold,
+        };
+        let mut out = plan::plan(&inputs, &mut lock(&inner.carry), &inner.plan, &inner.me);
+        // A spread of up to ten seconds, so workers rarely write one each.
+        if book.snapshot_due(now, inner.plan.spread_ms * 20) {
             let change = Change::Snapshot {
                 through: book.through().unwrap_or(0),
-                keys: book.compact(now),
+                keys: book.snapshot_keys(now),
             };
             out.push(Record::new(now, &inner.me, change));
         }
         out
     }
 
-    /// `redeliver_endpoints{state}`: this worker's endpoints seen lately by
-    /// state, and the targets paused and disabled.
+    /// `redeliver_endpoints{state}` for the paused and disabled targets,
+    /// every tick: a change shows within a second.
+    fn held_gauges(&self, now: u64) {
+        let (paused, disabled) = self.shared.table().counts(now);
+        for (state, n) in [("paused", paused), ("disabled", disabled)] {
+            metrics::gauge!(telemetry::ENDPOINTS_BY_STATE, "state" => state).set(n as f64);
+        }
+    }
+
+    /// `redeliver_endpoints{state}` for this worker's endpoints seen
+    /// lately that are active or behind an open breaker.
     fn gauges(&self, now: u64, views: &[View]) {
         let table = self.shared.table();
-        let (paused, disabled) = table.counts(now);
-        let recent = views
-            .iter()
-            .filter(|v| now.saturating_sub(v.seen_ms) <= SEEN_WITHIN.as_millis() as u64);
         let (mut active, mut open) = (0, 0);
-        for v in recent {
+        for v in views {
             let held = v
                 .target
                 .as_ref()
@@ -135,12 +219,7 @@ impl Tasks {
                 (false, false) => active += 1,
             }
         }
-        for (state, n) in [
-            ("active", active),
-            ("paused", paused),
-            ("disabled", disabled),
-            ("breaker-open", open),
-        ] {
+        for (state, n) in [("active", active), ("breaker-open", open)] {
             metrics::gauge!(telemetry::ENDPOINTS_BY_STATE, "state" => state).set(n as f64);
         }
     }
@@ -148,17 +227,17 @@ impl Tasks {
     /// Publishes this worker's report, opening its channel when needed.
     /// A report that cannot be sent is skipped: the next follows soon.
     async fn report(&self, ch: &mut Option<Channel>, now: u64, views: Vec<View>) {
-        let endpoints: Vec<EndpointReport> = views
-            .into_iter()
-            .filter(|v| now.saturating_sub(v.seen_ms) <= SEEN_WITHIN.as_millis() as u64)
-            .map(EndpointReport::from)
-            .collect();
+        let endpoints: Vec<EndpointReport> = views.into_iter().map(EndpointReport::from).collect();
         let inner = &self.shared;
         let through = lock(&inner.book).through();
         let held = self.shared.held_reports();
         let parts = reports::parts(&inner.worker, now, through, endpoints, held);
         if ch.as_ref().is_none_or(|c| !c.status().connected()) {
-            *ch = self.conn.create_channel().await.ok();
+            let open = self.conn.create_channel();
+            *ch = tokio::time::timeout(stream::OP_TIMEOUT, open)
+                .await
+                .ok()
+                .and_then(Result::ok);
         }
         let Some(c) = ch.as_ref() else { return };
         for p in &parts {
@@ -168,4 +247,15 @@ impl Tasks {
             }
         }
     }
+}
+
+/// Whether most of this worker's recent endpoints (four or more) failed
+/// over the last five minutes without one success: its own network, DNS
+/// or proxy is then the likelier culprit than every receiver at once.
+fn mostly_failing(views: &[View]) -> bool {
+    let failing = views
+        .iter()
+        .filter(|v| v.counts.failures > 0 && v.counts.successes == 0)
+        .count();
+    views.len() >= MIN_FOR_HOLD && failing * 2 > views.len()
 }

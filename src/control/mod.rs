@@ -20,6 +20,7 @@
 
 pub mod book;
 mod error;
+mod fold;
 mod follow;
 pub mod plan;
 pub mod record;
@@ -34,7 +35,6 @@ pub use error::ControlError;
 pub use table::Gate;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use lapin::Connection;
 use tokio_util::sync::CancellationToken;
@@ -44,13 +44,8 @@ use crate::config::ControlSettings;
 use crate::endpoint::Endpoints;
 use crate::message::target::Target;
 use crate::topology::Topology;
-use book::Book;
 use plan::PlanSettings;
 use shared::{now_ms, Shared};
-
-/// How long a worker may take to read the stream up to its marker before
-/// the session gives up and reconnects.
-const CATCH_UP: Duration = Duration::from_secs(60);
 
 /// A worker's view of the shared state, across its connections.
 #[derive(Clone)]
@@ -95,35 +90,42 @@ impl Control {
 
     /// Reads the stream through `conn` up to a marker of its own (so the
     /// state is whole before the first delivery), then follows it and
-    /// starts the planner and the reports, until `stop`. The token
-    /// returned is cancelled if following ends first: a worker that no
-    /// longer hears changes must reconnect rather than deliver on.
+    /// starts the planner and the reports, until `stop`. Should following
+    /// break later (a stream leader moving, the stream deleted), the
+    /// worker reads it afresh by itself and delivers on meanwhile, with
+    /// the state it last had. A worker that has read the state before
+    /// (an earlier connection) also starts when the stream cannot be read
+    /// now; one that never has cannot: its first delivery waits for it.
     pub async fn attach(
         &self,
         conn: &Arc<Connection>,
         t: &Topology,
         endpoints: Arc<Endpoints>,
         stop: &CancellationToken,
-    ) -> Result<CancellationToken, ControlError> {
-        stream::declare(conn, &t.endpoint_state).await?;
+    ) -> Result<(), ControlError> {
+        let (name, me) = (&t.endpoint_state, &self.shared.me);
+        let (reader, writer) = match stream::open_and_read(conn, name, me, stream::CATCH_UP).await {
+            Ok((book, reader, writer)) => {
+                self.shared.install(book);
+                (Some(reader), Some(writer))
+            }
+            Err(e) if self.shared.has_state() => {
+                tracing::warn!(error = %e, "the endpoint-state stream cannot be read now; delivering with the state last read, and reading it again in the background");
+                (None, None)
+            }
+            Err(e) => return Err(e),
+        };
         if let Err(e) = reports::declare(conn, t).await {
             tracing::warn!(error = %e, "the endpoint-reports queue could not be declared; `endpoint list` will not show this worker");
         }
-        let writer = stream::Writer::open(conn, &t.endpoint_state).await?;
-        let mut reader = stream::Reader::open(conn, &t.endpoint_state).await?;
-        let mut book = Book::default();
-        stream::catch_up(&writer, &mut reader, &mut book, &self.shared.me, CATCH_UP).await?;
-        self.shared.install(book);
-        let failed = CancellationToken::new();
         let tasks = follow::Tasks {
             shared: self.shared.clone(),
             endpoints,
             topology: t.clone(),
             conn: conn.clone(),
             stop: stop.clone(),
-            failed: failed.clone(),
         };
         tasks.spawn(reader, writer);
-        Ok(failed)
+        Ok(())
     }
 }

@@ -1,26 +1,29 @@
 //! What a worker writes to the shared state, decided from the book and
 //! the outcomes its endpoints saw since the last tick. Pure: time is
-//! passed in; the caller appends the records ([`super::follow`]).
+//! passed in; the caller appends the records (`follow.rs`).
 //!
 //! - **Failing since.** The first failure with no success after it is
-//!   written once (the book keeps the earliest); counts follow, batched,
-//!   until the book has [`MIN_FAILURES`], then only every "hysteresis"
-//!   (a twentieth of `--disable-after`).
+//!   written once (the first such record sets the start); counts follow,
+//!   batched, until the book has [`MIN_FAILURES`], then only every
+//!   "hysteresis" (a twentieth of `--disable-after`, at most a day).
 //! - **Recovered.** A success ends the failing, but is written only when
 //!   the failing is older than the hysteresis: a receiver that fails 90%
 //!   of the time costs a record or two per hysteresis, not two per success.
 //! - **Automatic disable**, when a failure is seen `--disable-after` past
-//!   the failing's start, with [`MIN_FAILURES`] or more since: one record,
-//!   its id made of the target and the failing's start, so a second
-//!   worker's identical decision changes nothing.
-//! - **An expired pause** is closed with a resume (id from the pause's),
-//!   for the history; the pause stopped holding at its time regardless.
+//!   the failing's start, with [`MIN_FAILURES`] or more since. The worker
+//!   first claims it; the stream's order makes the first claim win, and
+//!   only the winner writes the disable: one record, however many workers
+//!   decide at once. Held off while most of this worker's endpoints fail
+//!   (`hold_disables`): then its own network is the likelier culprit.
+//! - **An expired pause** is closed with a resume named after it, for the
+//!   history; the pause stopped holding at its time regardless.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::book::{Book, KeyState, Mode, EXPIRED};
 use super::record::{Change, Record};
+use super::state::CLAIM_TTL_MS;
 use crate::endpoint::activity::Delta;
 use crate::message::target::Target;
 
@@ -28,6 +31,8 @@ use crate::message::target::Target;
 /// the span: a quiet endpoint's odd failure is no reason.
 pub const MIN_FAILURES: u64 = 10;
 pub use crate::config::DEFAULT_DISABLE_AFTER;
+/// Unwritten failures of an endpoint no longer seen are dropped after this.
+const FORGET_UNWRITTEN_MS: u64 = 86_400_000;
 
 /// How a worker plans.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,7 +44,25 @@ pub struct PlanSettings {
     pub spread_ms: u64,
 }
 
-/// Failures seen here but not yet written, per target.
+impl PlanSettings {
+    /// The hysteresis (ms): how precise "failing since" is kept.
+    pub fn hysteresis_ms(&self) -> u64 {
+        let after = self.disable_after.unwrap_or(DEFAULT_DISABLE_AFTER);
+        (after.as_millis() as u64 / 20).clamp(1, 86_400_000)
+    }
+}
+
+/// What one tick plans from.
+pub struct Inputs<'a> {
+    pub now_ms: u64,
+    pub book: &'a Book,
+    /// Each endpoint's outcomes since the last tick, and its last success.
+    pub deltas: &'a [(Target, Delta, Option<u64>)],
+    /// Most of this worker's endpoints fail: no new automatic disable.
+    pub hold_disables: bool,
+}
+
+/// Failures seen here but not yet written, and this worker's claims.
 #[derive(Debug, Default)]
 pub struct Carry {
     keys: HashMap<Target, Unwritten>,
@@ -50,58 +73,58 @@ struct Unwritten {
     failures: u64,
     first_ms: Option<u64>,
     written_ms: u64,
+    touched_ms: u64,
+    /// When this worker last claimed a disable, and the failing start it
+    /// wrote a disable for.
+    claimed_ms: Option<u64>,
+    disabled_for: Option<u64>,
 }
 
-impl PlanSettings {
-    /// The hysteresis (ms): how precise "failing since" is kept.
-    pub fn hysteresis_ms(&self) -> u64 {
-        let after = self.disable_after.unwrap_or(DEFAULT_DISABLE_AFTER);
-        (after.as_millis() as u64 / 20).max(1)
-    }
-}
-
-/// The records this worker should write now. `deltas` are its endpoints'
-/// outcomes since the last tick; `local_success` their last successes.
-pub fn plan(
-    now_ms: u64,
-    book: &Book,
-    deltas: &[(Target, Delta, Option<u64>)],
-    carry: &mut Carry,
-    s: &PlanSettings,
-    me: &str,
-) -> Vec<Record> {
+/// The records this worker should write now.
+pub fn plan(i: &Inputs, carry: &mut Carry, s: &PlanSettings, me: &str) -> Vec<Record> {
     let mut out = vec![];
-    for (target, delta, local_success) in deltas {
-        let k = book.get(target);
+    for (target, delta, local_success) in i.deltas {
+        let k = i.book.get(target);
         if k.is_some_and(|k| k.control != Mode::Active) {
             // Paused or disabled (or a pause not closed yet): no clock runs.
             carry.keys.remove(target);
             continue;
         }
         let u = carry.keys.entry(target.clone()).or_default();
-        out.extend(endpoint(now_ms, target, k, delta, *local_success, u, s, me));
+        u.touched_ms = i.now_ms;
+        let seen = Seen {
+            delta,
+            local_success: *local_success,
+        };
+        out.extend(endpoint(i, target, k, &seen, u, s, me));
     }
+    out.extend(claimed_disables(i.now_ms, i.book, carry, me));
     let h = s.hysteresis_ms();
-    carry
-        .keys
-        .retain(|_, u| u.failures > 0 || now_ms < u.written_ms + h);
-    out.extend(expired_pauses(now_ms, book, s, me));
+    carry.keys.retain(|_, u| {
+        let recent = i.now_ms < u.touched_ms + FORGET_UNWRITTEN_MS;
+        recent && (u.failures > 0 || i.now_ms < u.written_ms + h || u.claimed_ms.is_some())
+    });
+    out.extend(expired_pauses(i.now_ms, i.book, s, me));
     out
 }
 
-/// One endpoint's records: recovered, failing, disable.
-#[allow(clippy::too_many_arguments)]
+/// What this worker saw of one endpoint.
+struct Seen<'a> {
+    delta: &'a Delta,
+    local_success: Option<u64>,
+}
+
+/// One endpoint's records: recovered, failing, a claim on its disable.
 fn endpoint(
-    now_ms: u64,
+    i: &Inputs,
     target: &Target,
     k: Option<&KeyState>,
-    delta: &Delta,
-    local_success: Option<u64>,
+    seen: &Seen,
     u: &mut Unwritten,
     s: &PlanSettings,
     me: &str,
 ) -> Vec<Record> {
-    let h = s.hysteresis_ms();
+    let (now_ms, delta, h) = (i.now_ms, seen.delta, s.hysteresis_ms());
     let mut out = vec![];
     let mut since = k.and_then(|k| k.failing_since_ms);
     let mut shared = k.map_or(0, |k| k.failures);
@@ -115,10 +138,7 @@ fn endpoint(
             (since, shared) = (None, 0);
         }
         // Failures held back from before this success no longer count.
-        *u = Unwritten {
-            written_ms: u.written_ms,
-            ..Unwritten::default()
-        };
+        (u.failures, u.first_ms) = (0, None);
     }
     u.failures += delta.failures;
     if delta.failures > 0 {
@@ -134,34 +154,76 @@ fn endpoint(
         };
         out.push(Record::new(now_ms, me, change));
         (since, shared) = (Some(start), shared + u.failures);
-        *u = Unwritten {
-            written_ms: now_ms,
-            ..Unwritten::default()
-        };
+        (u.failures, u.first_ms, u.written_ms) = (0, None, now_ms);
     }
     // Only on a failure seen now: a quiet endpoint is never disabled.
-    if delta.failures > 0 {
-        let last_ok = local_success.max(k.and_then(|k| k.last_success_ms));
-        let start = since.map(|s| last_ok.map_or(s, |ok| s.max(ok + 1)));
-        let n = shared + u.failures;
-        out.extend(disable_due(now_ms, target, start, n, s, me));
+    if delta.failures > 0 && !i.hold_disables {
+        let last_ok = seen.local_success.max(k.and_then(|k| k.last_success_ms));
+        let judged = Judged {
+            start: since.map(|s| last_ok.map_or(s, |ok| s.max(ok + 1))),
+            book_since: k.and_then(|k| k.failing_since_ms),
+            failures: shared + u.failures,
+        };
+        out.extend(claim_due(now_ms, target, k, &judged, u, s, me));
     }
     out
 }
 
-/// The automatic disable, if the failing began `--disable-after` ago and
-/// had [`MIN_FAILURES`].
-fn disable_due(
+/// The failing as this worker judges it.
+struct Judged {
+    /// Its start, after any success this worker saw.
+    start: Option<u64>,
+    /// Its start as the book has it (what a claim and a disable name).
+    book_since: Option<u64>,
+    failures: u64,
+}
+
+/// A claim on the automatic disable, if the failing began
+/// `--disable-after` ago with [`MIN_FAILURES`], nobody holds a fresh claim
+/// on it, and this worker did not claim it lately.
+fn claim_due(
     now_ms: u64,
     target: &Target,
-    start: Option<u64>,
-    n: u64,
+    k: Option<&KeyState>,
+    j: &Judged,
+    u: &mut Unwritten,
     s: &PlanSettings,
     me: &str,
 ) -> Option<Record> {
-    let (after, start) = (s.disable_after?, start?);
+    let (after, start, since) = (s.disable_after?, j.start?, j.book_since?);
     let due = start + after.as_millis() as u64 + s.spread_ms;
-    (now_ms >= due && n >= MIN_FAILURES).then(|| auto_disable(now_ms, target, start, n, me))
+    if now_ms < due || j.failures < MIN_FAILURES {
+        return None;
+    }
+    let held = k
+        .and_then(|k| k.claim.as_ref())
+        .is_some_and(|c| c.since_ms == since && now_ms < c.at_ms + CLAIM_TTL_MS);
+    if held || u.claimed_ms.is_some_and(|at| now_ms < at + CLAIM_TTL_MS) {
+        return None;
+    }
+    u.claimed_ms = Some(now_ms);
+    let change = Change::Claim {
+        target: target.clone(),
+        failing_since_ms: since,
+    };
+    Some(Record::new(now_ms, me, change))
+}
+
+/// The disables this worker's claims won, once each.
+fn claimed_disables(now_ms: u64, book: &Book, carry: &mut Carry, me: &str) -> Vec<Record> {
+    let mut out = vec![];
+    for k in book.keys() {
+        let Some(c) = &k.claim else { continue };
+        let mine = c.by == me && k.failing_since_ms == Some(c.since_ms);
+        let u = carry.keys.entry(k.target.clone()).or_default();
+        if !mine || k.control != Mode::Active || u.disabled_for == Some(c.since_ms) {
+            continue;
+        }
+        u.disabled_for = Some(c.since_ms);
+        let n = k.failures + u.failures;
+        out.push(auto_disable(now_ms, &k.target, c.since_ms, n, me));
+    }
+    out
 }
 
 /// The one automatic disable for a target failing since `since_ms`.
@@ -174,6 +236,7 @@ fn auto_disable(now_ms: u64, target: &Target, since_ms: u64, n: u64, me: &str) -
     let change = Change::Disable {
         target: target.clone(),
         reason: Some(reason),
+        failing_since_ms: Some(since_ms),
     };
     Record::with_id(format!("auto:{target}:{since_ms}"), now_ms, me, change)
 }

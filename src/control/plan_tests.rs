@@ -29,10 +29,43 @@ fn ok(at: u64) -> Delta {
     }
 }
 
-/// Plans, then folds what was planned back into the book, as the stream
-/// would; returns the kinds written.
-fn step(now: u64, book: &mut Book, d: Delta, carry: &mut Carry, s: &PlanSettings) -> Vec<String> {
-    let recs = plan(now, book, &[(t(A), d, None)], carry, s, "auto w/1");
+/// One worker: its book, carry and name.
+struct W {
+    carry: Carry,
+    me: &'static str,
+}
+
+impl W {
+    fn new(me: &'static str) -> W {
+        W {
+            carry: Carry::default(),
+            me,
+        }
+    }
+
+    /// Plans what it saw (`local`: its last success), without folding.
+    fn plan(
+        &mut self,
+        now: u64,
+        b: &Book,
+        d: Delta,
+        local: Option<u64>,
+        s: &PlanSettings,
+    ) -> Vec<Record> {
+        let deltas = [(t(A), d, local)];
+        let deltas: &[_] = if deltas[0].1.is_empty() { &[] } else { &deltas };
+        let i = Inputs {
+            now_ms: now,
+            book: b,
+            deltas,
+            hold_disables: false,
+        };
+        plan(&i, &mut self.carry, s, self.me)
+    }
+}
+
+/// Folds records into the book as the stream would; returns their kinds.
+fn fold(b: &mut Book, recs: Vec<Record>) -> Vec<String> {
     let mut kinds = vec![];
     for r in recs {
         kinds.push(
@@ -41,10 +74,15 @@ fn step(now: u64, book: &mut Book, d: Delta, carry: &mut Carry, s: &PlanSettings
                 .unwrap()
                 .to_string(),
         );
-        let next = book.through().map_or(0, |o| o + 1);
-        book.apply(next, r);
+        let next = b.through().map_or(0, |o| o + 1);
+        b.apply(next, r);
     }
     kinds
+}
+
+fn step(now: u64, b: &mut Book, d: Delta, w: &mut W, s: &PlanSettings) -> Vec<String> {
+    let recs = w.plan(now, b, d, None, s);
+    fold(b, recs)
 }
 
 fn book() -> Book {
@@ -55,30 +93,32 @@ fn book() -> Book {
 }
 
 #[test]
-fn a_dead_endpoint_is_disabled_once_after_the_span_with_enough_failures() {
-    let (mut b, mut c, s) = (book(), Carry::default(), settings(5_000));
-    assert_eq!(step(1_000, &mut b, fails(3, 900), &mut c, &s), ["failing"]);
+fn a_dead_endpoint_is_claimed_then_disabled_once_after_the_span() {
+    let (mut b, mut w, s) = (book(), W::new("auto w/1"), settings(5_000));
+    assert_eq!(step(1_000, &mut b, fails(3, 900), &mut w, &s), ["failing"]);
     assert_eq!(b.get(&t(A)).unwrap().failing_since_ms, Some(900));
     assert_eq!(
-        step(2_000, &mut b, fails(4, 1_500), &mut c, &s),
+        step(2_000, &mut b, fails(4, 1_500), &mut w, &s),
         ["failing"]
     );
     assert_eq!(
-        step(3_000, &mut b, fails(4, 2_500), &mut c, &s),
+        step(3_000, &mut b, fails(4, 2_500), &mut w, &s),
         ["failing"]
     );
     // Ten in the book: counts now go out only once per hysteresis (250 ms).
+    assert!(step(3_100, &mut b, fails(1, 3_050), &mut w, &s).is_empty());
     assert_eq!(
-        step(3_100, &mut b, fails(1, 3_050), &mut c, &s),
-        Vec::<String>::new()
-    );
-    assert_eq!(
-        step(5_000, &mut b, fails(1, 4_900), &mut c, &s),
+        step(5_000, &mut b, fails(1, 4_900), &mut w, &s),
         ["failing"]
     );
     assert_eq!(
-        step(6_000, &mut b, fails(1, 5_950), &mut c, &s),
-        ["failing", "disable"]
+        step(6_000, &mut b, fails(1, 5_950), &mut w, &s),
+        ["failing", "claim"]
+    );
+    // The claim came back its own: the disable follows, with no new failure.
+    assert_eq!(
+        step(7_000, &mut b, Delta::default(), &mut w, &s),
+        ["disable"]
     );
     let k = b.get(&t(A)).unwrap();
     let Mode::Disabled { reason, .. } = &k.control else {
@@ -90,69 +130,110 @@ fn a_dead_endpoint_is_disabled_once_after_the_span_with_enough_failures() {
         "{reason}"
     );
     assert!(reason.contains("14 attempts"), "{reason}");
-    // Disabled: nothing more is written for it.
-    assert!(step(7_000, &mut b, fails(1, 6_900), &mut c, &s).is_empty());
+    assert!(
+        step(8_000, &mut b, fails(1, 7_900), &mut w, &s).is_empty(),
+        "disabled: nothing more"
+    );
+}
+
+/// Two workers decide at once: both claim, the stream's order picks one,
+/// and only that one writes the disable.
+#[test]
+fn of_two_workers_deciding_at_once_only_the_first_claim_disables() {
+    let (mut b, s) = (book(), settings(5_000));
+    let (mut w1, mut w2) = (W::new("auto w/1"), W::new("auto w/2"));
+    let first = w1.plan(1_000, &b, fails(12, 900), None, &s);
+    fold(&mut b, first);
+    let c2 = w2.plan(6_000, &b, fails(1, 5_900), None, &s);
+    let c1 = w1.plan(6_000, &b, fails(1, 5_900), None, &s);
+    // w2's claim reached the stream first.
+    assert!(fold(&mut b, c2).contains(&"claim".to_string()));
+    assert!(fold(&mut b, c1).contains(&"claim".to_string()));
+    let mut written = vec![];
+    for (first, now) in [(true, 7_000), (false, 7_000), (true, 8_000)] {
+        let w = if first { &mut w1 } else { &mut w2 };
+        let recs = w.plan(now, &b, Delta::default(), None, &s);
+        written.extend(fold(&mut b, recs));
+    }
+    assert_eq!(written, ["disable"]);
+    let k = b.get(&t(A)).unwrap();
+    assert_eq!(k.history.len(), 1);
+    assert_eq!(k.history[0].by, "auto w/2");
 }
 
 #[test]
 fn a_quiet_endpoint_is_never_disabled_and_a_few_failures_are_not_enough() {
-    let (mut b, mut c, s) = (book(), Carry::default(), settings(5_000));
-    step(1_000, &mut b, fails(3, 900), &mut c, &s);
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(5_000));
+    step(1_000, &mut b, fails(3, 900), &mut w, &s);
     // Long past the span, but no failure seen now: nothing.
-    assert!(step(60_000, &mut b, Delta::default(), &mut c, &s).is_empty());
+    assert!(step(60_000, &mut b, Delta::default(), &mut w, &s).is_empty());
     // A failure now, but only four in all.
     assert_eq!(
-        step(61_000, &mut b, fails(1, 60_900), &mut c, &s),
+        step(61_000, &mut b, fails(1, 60_900), &mut w, &s),
         ["failing"]
     );
     assert_eq!(b.get(&t(A)).unwrap().control, Mode::Active);
 }
 
+/// A receiver that fails 90% of the time: never disabled, and with a
+/// hysteresis of 5 s (a 100 s span), a record or two per hysteresis.
 #[test]
 fn a_flapping_endpoint_is_never_disabled_and_writes_little() {
-    let (mut b, mut c, s) = (book(), Carry::default(), settings(5_000));
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(100_000));
     let mut written = 0;
-    // 90% failures: nine, then a success, every second, for a minute.
-    for sec in 1..=60u64 {
+    for sec in 1..=300u64 {
         let now = sec * 1_000;
         let d = Delta {
             last_success_ms: Some(now - 100),
             failures: 9,
             first_failure_ms: Some(now - 90),
         };
-        written += step(now, &mut b, d, &mut c, &s).len();
+        written += step(now, &mut b, d, &mut w, &s).len();
         assert_eq!(b.get(&t(A)).unwrap().control, Mode::Active, "at {sec} s");
     }
-    assert!(written <= 3 * 60, "{written} records");
+    // 300 s over a 5 s hysteresis: 60 spans, a recovered and a failing
+    // (and a count) each at most.
+    assert!(written <= 3 * 60 + 3, "{written} records");
+    assert!(written >= 60, "{written}: the clock was never restarted");
 }
 
 #[test]
 fn a_success_right_after_the_failing_began_is_not_worth_a_record() {
-    let (mut b, mut c, s) = (book(), Carry::default(), settings(100_000));
-    step(1_000, &mut b, fails(1, 1_000), &mut c, &s);
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(100_000));
+    step(1_000, &mut b, fails(1, 1_000), &mut w, &s);
     // The hysteresis is 5 s: a success 1 s in writes nothing.
-    assert!(step(2_000, &mut b, ok(2_000), &mut c, &s).is_empty());
-    assert_eq!(step(9_000, &mut b, ok(9_000), &mut c, &s), ["recovered"]);
+    assert!(step(2_000, &mut b, ok(2_000), &mut w, &s).is_empty());
+    assert_eq!(step(9_000, &mut b, ok(9_000), &mut w, &s), ["recovered"]);
     assert_eq!(b.get(&t(A)).unwrap().failing_since_ms, None);
 }
 
-/// The disabling worker's own later success, not yet in the book, still
+/// The deciding worker's own later success, not yet in the book, still
 /// counts: it never disables what it just saw succeed.
 #[test]
 fn a_local_success_after_the_start_holds_the_disable_off() {
-    let (mut b, mut c, s) = (book(), Carry::default(), settings(5_000));
-    step(1_000, &mut b, fails(20, 900), &mut c, &s);
-    let recs = plan(
-        6_000,
-        &b,
-        &[(t(A), fails(1, 5_900), Some(4_000))],
-        &mut c,
-        &s,
-        "w",
-    );
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(5_000));
+    step(1_000, &mut b, fails(20, 900), &mut w, &s);
+    let recs = w.plan(6_000, &b, fails(1, 5_900), Some(4_000), &s);
     assert!(recs
         .iter()
-        .all(|r| !matches!(r.change, Change::Disable { .. })));
+        .all(|r| !matches!(r.change, Change::Claim { .. })));
+}
+
+#[test]
+fn no_disable_is_claimed_while_most_endpoints_fail() {
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(5_000));
+    step(1_000, &mut b, fails(20, 900), &mut w, &s);
+    let deltas = [(t(A), fails(1, 5_900), None)];
+    let i = Inputs {
+        now_ms: 6_000,
+        book: &b,
+        deltas: &deltas,
+        hold_disables: true,
+    };
+    let recs = plan(&i, &mut w.carry, &s, w.me);
+    assert!(recs
+        .iter()
+        .all(|r| !matches!(r.change, Change::Claim { .. })));
 }
 
 #[test]
@@ -164,13 +245,13 @@ fn an_expired_pause_is_closed_with_a_resume_named_after_it() {
         until_ms: Some(50),
     };
     b.apply(1, Record::with_id("p1".into(), 10, "command", pause));
-    let s = settings(5_000);
-    assert!(plan(40, &b, &[], &mut Carry::default(), &s, "w").is_empty());
-    let recs = plan(60, &b, &[], &mut Carry::default(), &s, "w");
+    let (mut w, s) = (W::new("w"), settings(5_000));
+    assert!(w.plan(40, &b, Delta::default(), None, &s).is_empty());
+    let recs = w.plan(60, &b, Delta::default(), None, &s);
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].id, "expired:p1");
     b.apply(2, recs[0].clone());
     let k = b.get(&t(A)).unwrap();
     assert_eq!(k.history.last().unwrap().what, "pause expired");
-    assert!(plan(70, &b, &[], &mut Carry::default(), &s, "w").is_empty());
+    assert!(w.plan(70, &b, Delta::default(), None, &s).is_empty());
 }

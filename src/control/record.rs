@@ -43,10 +43,15 @@ pub enum Change {
     Resume {
         target: Target,
     },
-    /// Its notifications are dead-lettered as `endpoint-disabled`.
+    /// Its notifications are dead-lettered as `endpoint-disabled`. An
+    /// automatic disable names the failing it judged (`failing_since_ms`),
+    /// and applies only while that failing stands and nothing else holds
+    /// the target.
     Disable {
         target: Target,
         reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failing_since_ms: Option<u64>,
     },
     Enable {
         target: Target,
@@ -62,6 +67,12 @@ pub enum Change {
     Recovered {
         target: Target,
         success_ms: u64,
+    },
+    /// A worker claims the automatic disable of the failing that began at
+    /// `failing_since_ms`; the first claim wins ([`super::state::Claim`]).
+    Claim {
+        target: Target,
+        failing_since_ms: u64,
     },
     /// The whole state as its writer had folded it through offset
     /// `through`: a reader that finds the stream's start cut off by its
@@ -102,7 +113,8 @@ impl Record {
             | Change::Disable { target, .. }
             | Change::Enable { target }
             | Change::Failing { target, .. }
-            | Change::Recovered { target, .. } => Some(target),
+            | Change::Recovered { target, .. }
+            | Change::Claim { target, .. } => Some(target),
             _ => None,
         }
     }

@@ -29,6 +29,8 @@ pub(super) struct Shared {
     /// Whether the table holds anything: with nothing paused or disabled,
     /// a delivery pays one atomic load.
     any: AtomicBool,
+    /// Whether the state was read whole at least once.
+    installed: AtomicBool,
     pub(super) book: Mutex<Book>,
     pub(super) carry: Mutex<Carry>,
     held: Mutex<HashMap<Target, Held>>,
@@ -49,6 +51,7 @@ impl Shared {
             worker,
             table: ArcSwap::from_pointee(Table::default()),
             any: AtomicBool::new(false),
+            installed: AtomicBool::new(false),
             book: Mutex::new(Book::default()),
             carry: Mutex::new(Carry::default()),
             held: Mutex::new(HashMap::new()),
@@ -80,6 +83,12 @@ impl Shared {
         let table = Table::build(&book, now_ms());
         *lock(&self.book) = book;
         self.set_table(table);
+        self.installed.store(true, Ordering::Release);
+    }
+
+    /// Whether the state was read whole at least once.
+    pub(super) fn has_state(&self) -> bool {
+        self.installed.load(Ordering::Acquire)
     }
 
     /// Applies one record from the stream.

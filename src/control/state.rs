@@ -74,7 +74,25 @@ pub struct KeyState {
     /// Its last record.
     pub updated_ms: u64,
     pub history: Vec<Entry>,
+    /// The worker that won the right to write the automatic disable for
+    /// the current failing, if one claimed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
 }
+
+/// A worker's claim on the automatic disable of a failing that began at
+/// `since_ms`: the first claim in the stream wins, so exactly one worker
+/// writes the disable. A claim older than [`CLAIM_TTL_MS`] (its worker
+/// died before writing) gives way to the next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub since_ms: u64,
+    pub by: String,
+    pub at_ms: u64,
+}
+
+/// How long a claim holds without its disable.
+pub const CLAIM_TTL_MS: u64 = 30_000;
 
 impl KeyState {
     pub(super) fn new(target: Target) -> Self {
@@ -86,6 +104,7 @@ impl KeyState {
             last_success_ms: None,
             updated_ms: 0,
             history: vec![],
+            claim: None,
         }
     }
 
@@ -95,6 +114,7 @@ impl KeyState {
         self.control = control;
         self.failing_since_ms = None;
         self.failures = 0;
+        self.claim = None;
         self.history.push(entry);
         let excess = self.history.len().saturating_sub(MAX_HISTORY);
         self.history.drain(..excess);

@@ -28,13 +28,16 @@ pub const MAX_AGE: &str = "7D";
 pub const SEGMENT_BYTES: i64 = 1_000_000;
 /// Records in flight to a reader at once.
 const PREFETCH: u16 = 1_000;
-/// A bound on declaring, and on each confirm.
+/// A bound on declaring, opening a channel or a consumer, and each confirm.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a worker may take to read the stream up to its marker before
+/// it gives up (and its session reconnects).
+pub const CATCH_UP: Duration = Duration::from_secs(60);
 
 /// Declares the stream on a channel of its own (a refusal closes the
 /// channel it happens on).
 pub async fn declare(conn: &Connection, name: &str) -> Result<(), ControlError> {
-    let ch = conn.create_channel().await?;
+    let ch = bounded(conn.create_channel(), "a channel").await?;
     let mut args = FieldTable::default();
     // x-queue-type: stream, an append-only replicated log every reader reads whole.
     args.insert(
@@ -63,14 +66,15 @@ pub async fn declare(conn: &Connection, name: &str) -> Result<(), ControlError> 
 
 /// Whether the stream exists (a passive declare on a channel of its own).
 pub async fn exists(conn: &Connection, name: &str) -> Result<bool, ControlError> {
-    let ch = conn.create_channel().await?;
+    let ch = bounded(conn.create_channel(), "a channel").await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
-    match ch
-        .queue_declare(name.into(), passive, FieldTable::default())
+    let declared = ch.queue_declare(name.into(), passive, FieldTable::default());
+    match tokio::time::timeout(OP_TIMEOUT, declared)
         .await
+        .map_err(|_| ControlError::Timeout("the endpoint-state stream"))?
     {
         Ok(_) => {
             let _ = ch.close(200, "".into()).await;
@@ -78,6 +82,18 @@ pub async fn exists(conn: &Connection, name: &str) -> Result<bool, ControlError>
         }
         Err(e) if e.is_amqp_soft_error() => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// An AMQP operation bounded by [`OP_TIMEOUT`]: a broker that does not
+/// answer (a stream without a leader) must not hold a worker or `status`.
+async fn bounded<T>(
+    op: impl std::future::Future<Output = Result<T, lapin::Error>>,
+    what: &'static str,
+) -> Result<T, ControlError> {
+    match tokio::time::timeout(OP_TIMEOUT, op).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(ControlError::Timeout(what)),
     }
 }
 
@@ -89,8 +105,12 @@ pub struct Writer {
 
 impl Writer {
     pub async fn open(conn: &Connection, name: &str) -> Result<Writer, ControlError> {
-        let ch = conn.create_channel().await?;
-        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        let ch = bounded(conn.create_channel(), "a channel").await?;
+        bounded(
+            ch.confirm_select(ConfirmSelectOptions::default()),
+            "confirms",
+        )
+        .await?;
         Ok(Writer {
             ch,
             name: name.to_string(),
@@ -143,9 +163,13 @@ pub struct Reader {
 
 impl Reader {
     pub async fn open(conn: &Connection, name: &str) -> Result<Reader, ControlError> {
-        let ch = conn.create_channel().await?;
+        let ch = bounded(conn.create_channel(), "a channel").await?;
         // A stream consumer must set a prefetch: it is its credit window.
-        ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+        bounded(
+            ch.basic_qos(PREFETCH, BasicQosOptions::default()),
+            "a prefetch",
+        )
+        .await?;
         let mut args = FieldTable::default();
         // x-stream-offset: first, the whole retained log.
         args.insert(
@@ -156,14 +180,9 @@ impl Reader {
             "redeliver-state-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let consumer = ch
-            .basic_consume(
-                name.into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                args,
-            )
-            .await?;
+        let opts = BasicConsumeOptions::default();
+        let consume = ch.basic_consume(name.into(), tag.as_str().into(), opts, args);
+        let consumer = bounded(consume, "a consumer on the endpoint-state stream").await?;
         Ok(Reader { ch, consumer })
     }
 
@@ -198,6 +217,22 @@ impl Reader {
     pub async fn close(self) {
         let _ = self.ch.close(200, "done".into()).await;
     }
+}
+
+/// Declares the stream and reads it whole, up to a marker of `me`'s own:
+/// the state, the reader (to follow it on), and a writer.
+pub async fn open_and_read(
+    conn: &Connection,
+    name: &str,
+    me: &str,
+    within: Duration,
+) -> Result<(Book, Reader, Writer), ControlError> {
+    declare(conn, name).await?;
+    let writer = Writer::open(conn, name).await?;
+    let mut reader = Reader::open(conn, name).await?;
+    let mut book = Book::default();
+    catch_up(&writer, &mut reader, &mut book, me, within).await?;
+    Ok((book, reader, writer))
 }
 
 /// Appends a marker and folds everything before it into `book`: once the
@@ -238,4 +273,35 @@ pub async fn read_through(
     tokio::time::timeout(within, read)
         .await
         .map_err(|_| ControlError::Timeout("reading the endpoint-state stream"))?
+}
+
+/// Folds the stream into `book` without writing to it (for read-only
+/// commands: `endpoint list`, `show`, `status`): reads until no record
+/// came for `quiet` (the first may take up to a second), within `within`.
+/// A change made in the same moment may be missed; one made before the
+/// command started is read.
+pub async fn read_quietly(
+    reader: &mut Reader,
+    book: &mut Book,
+    quiet: Duration,
+    within: Duration,
+) -> Result<(), ControlError> {
+    let read = async {
+        let mut wait = quiet.max(Duration::from_secs(1));
+        loop {
+            match tokio::time::timeout(wait, reader.next()).await {
+                Err(_) | Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Some((offset, r)))) => {
+                    book.apply(offset, r);
+                }
+            }
+            wait = quiet;
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| ControlError::Timeout("reading the endpoint-state stream"))??;
+    book.settle();
+    Ok(())
 }

@@ -164,6 +164,7 @@ mod tests {
             Change::Disable {
                 target: t("https://h.example"),
                 reason: None,
+                failing_since_ms: None,
             },
             Change::Pause {
                 target: t("https://h.example/m/123/"),

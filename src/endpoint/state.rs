@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use super::activity::Activity;
 use crate::config::EndpointLimits;
+use crate::message::target::Target;
 use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason, WindowMean, LATE_SLACK};
 use crate::telemetry;
 
@@ -146,6 +147,8 @@ pub struct Endpoint {
     pub(super) key: String,
     /// Its metrics label (bounded, see [`Endpoints::label`]).
     pub(super) label: String,
+    /// The key as operators name it (`None` if it does not parse).
+    pub(super) target: Option<Target>,
     pub(super) limits: EndpointLimits,
     pub(super) shares: Arc<Shares>,
     /// Its claim at the last count (see [`Shares::claim`]).
@@ -207,6 +210,7 @@ impl Endpoint {
             activity: Activity::default(),
         };
         let ep = Endpoint {
+            target: Target::parse(&key).ok(),
             key,
             label,
             limits,

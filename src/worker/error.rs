@@ -28,8 +28,6 @@ pub enum WorkerError {
     ProbeStopped,
     #[error("the shared endpoint state: {0}")]
     Control(#[from] crate::control::ControlError),
-    #[error("following the shared endpoint state stopped; reconnecting")]
-    ControlStopped,
     #[error("concurrency must be at least 1")]
     Concurrency,
     #[error("invalid broker URL {url}: {reason}")]

@@ -73,8 +73,6 @@ pub(super) struct Session<H> {
     hold_failed: CancellationToken,
     /// Cancelled when the delay probe ends before the session.
     probe_failed: CancellationToken,
-    /// Cancelled when following the endpoint state ends before the session.
-    control_failed: CancellationToken,
 }
 
 impl<H: DeliveryHandler> Session<H> {
@@ -95,10 +93,12 @@ impl<H: DeliveryHandler> Session<H> {
         let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
         let publisher = open_publisher(conn, broker, &topology, settings, shared).await?;
         let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
+        // Should a later step fail, the helpers started so far stop.
+        let stop_helpers = helpers.clone().drop_guard();
         // The endpoint state is read whole before the consumer starts: a
         // pause or a disable applies from this session's first delivery.
         let endpoints = shared.endpoints.clone();
-        let control_failed = shared
+        shared
             .control
             .attach(conn, &topology, endpoints, &helpers)
             .await?;
@@ -128,6 +128,7 @@ impl<H: DeliveryHandler> Session<H> {
             slot_wanted: shared.slot_wanted.clone(),
             tracker: tracker.clone(),
         });
+        stop_helpers.disarm();
         Ok(Session {
             ctx,
             feed,
@@ -136,7 +137,6 @@ impl<H: DeliveryHandler> Session<H> {
             lost,
             hold_failed,
             probe_failed,
-            control_failed,
         })
     }
 
@@ -154,7 +154,6 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
-                _ = self.control_failed.cancelled() => return Err(WorkerError::ControlStopped),
                 p = async {
                     let place = self.ctx.endpoints.place().await;
                     (place, slots.clone().acquire_owned().await)
@@ -174,7 +173,6 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
-                _ = self.control_failed.cancelled() => return Err(WorkerError::ControlStopped),
                 // A parked delivery needs a slot and all are taken: give
                 // this idle one back (it is first in line) and take another.
                 _ = self.ctx.slot_wanted.notified() => continue,

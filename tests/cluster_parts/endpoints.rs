@@ -29,6 +29,18 @@ async fn a_pause_survives_a_node_kill() {
         .output()
         .unwrap();
     assert!(paused.status.success(), "{paused:?}");
+    let stream = app.name("endpoint-state");
+    let queues = common::ctl_output(
+        cluster::port(1),
+        &["rabbitmqctl", "list_queues", "name", "leader"],
+    );
+    let led = queues
+        .lines()
+        .find(|l| l.starts_with(&format!("{stream}\t")));
+    assert!(
+        led.is_some_and(|l| l.ends_with(&cluster::node_name(1))),
+        "node 1 leads the stream: {queues}"
+    );
     let_quorum_queues_age().await;
     tokio::task::spawn_blocking(|| cluster::kill(1))
         .await

@@ -50,6 +50,27 @@ pub fn origin(rx: &Receiver) -> String {
     rx.base.clone()
 }
 
+/// Every record on the prefix's endpoint-state stream, as the documented
+/// wire format has them (JSON), read up to a marker of the test's own.
+pub async fn stream_records(app: &TestApp) -> Vec<Value> {
+    use redeliver::control::{record, stream};
+    let conn = app.broker().url.connect("test stream read").await.unwrap();
+    let name = redeliver::topology::Topology::new(&app.prefix).endpoint_state;
+    let writer = stream::Writer::open(&conn, &name).await.unwrap();
+    let mut reader = stream::Reader::open(&conn, &name).await.unwrap();
+    let marker = record::Record::new(0, "test", record::Change::Sync);
+    writer.append(&marker).await.unwrap();
+    let mut out = vec![];
+    while let Some((_, r)) = reader.next().await.unwrap() {
+        if r.id == marker.id {
+            break;
+        }
+        out.push(serde_json::from_slice(&r.to_json()).unwrap());
+    }
+    let _ = conn.close(200, "".into()).await;
+    out
+}
+
 /// Waits until the worker behind `admin` counts `n` targets in `state`.
 pub async fn in_force(admin: u16, state: &str, n: f64) -> bool {
     let label = format!("state=\"{state}\"");

@@ -22,6 +22,8 @@ use crate::topology::Topology;
 
 /// How long a command may take to read the stream.
 const READ_WITHIN: Duration = Duration::from_secs(30);
+/// A read-only command has read the stream once nothing came for this long.
+const QUIET: Duration = Duration::from_millis(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -33,6 +35,8 @@ pub enum EndpointError {
     NotPaused { target: String, state: String },
     #[error("{target} is not disabled ({state}); nothing changed")]
     NotDisabled { target: String, state: String },
+    #[error("{0} is disabled; a pause would change nothing (enable it first)")]
+    Disabled(String),
     #[error("no live worker has seen {0} in the last 10 minutes, and it is not paused or disabled (`redeliver endpoint list` shows what they see)")]
     Unknown(String),
 }
@@ -44,6 +48,7 @@ impl EndpointError {
             self,
             EndpointError::NotPaused { .. }
                 | EndpointError::NotDisabled { .. }
+                | EndpointError::Disabled(_)
                 | EndpointError::Unknown(_)
         )
     }
@@ -90,13 +95,16 @@ pub struct Changed {
     pub still_under: Option<(Target, Mode)>,
 }
 
-/// Reads the stream (without creating it) and the live workers' reports.
+/// Reads the stream and the live workers' reports, writing nothing (and
+/// creating nothing: no stream yet is an empty state).
 pub async fn overview(broker: &BrokerSettings) -> Result<Overview, EndpointError> {
     let (conn, t) = connect(broker).await?;
-    let book = match stream::exists(&conn, &t.endpoint_state).await? {
-        true => read(&conn, &t).await?.0,
-        false => Book::default(),
-    };
+    let mut book = Book::default();
+    if stream::exists(&conn, &t.endpoint_state).await? {
+        let mut reader = Reader::open(&conn, &t.endpoint_state).await?;
+        stream::read_quietly(&mut reader, &mut book, QUIET, READ_WITHIN).await?;
+        reader.close().await;
+    }
     let reports = reports::read(&conn, &t).await;
     let _ = conn.close(200, "read".into()).await;
     let now_ms = now_ms();
@@ -120,6 +128,13 @@ pub async fn change(
     let (mut book, writer, mut reader) = read(&conn, &t).await?;
     let now = now_ms();
     check(&book, target, &op, now)?;
+    // Writers keep the stream's snapshots, workers or not.
+    if book.snapshot_due(now, 0) {
+        let keys = book.snapshot_keys(now);
+        let through = book.through().unwrap_or(0);
+        let snapshot = Record::new(now, &by(), Change::Snapshot { through, keys });
+        writer.append(&snapshot).await?;
+    }
     let record = Record::new(now, &by(), change_of(target, op));
     writer.append(&record).await?;
     stream::read_through(&mut reader, &mut book, &record.id, READ_WITHIN).await?;
@@ -161,7 +176,8 @@ async fn read(conn: &Connection, t: &Topology) -> Result<(Book, Writer, Reader),
     Ok((book, writer, reader))
 }
 
-/// A resume needs a pause, an enable a disable, on that very target.
+/// A resume needs a pause, an enable a disable, on that very target; a
+/// disabled target is enabled before it is paused.
 fn check(book: &Book, target: &Target, op: &Op, now: u64) -> Result<(), EndpointError> {
     let control = book
         .get(target)
@@ -169,6 +185,9 @@ fn check(book: &Book, target: &Target, op: &Op, now: u64) -> Result<(), Endpoint
         .unwrap_or_default();
     let state = || control.name(now).to_string();
     match op {
+        Op::Pause { .. } if matches!(control, Mode::Disabled { .. }) => {
+            Err(EndpointError::Disabled(target.to_string()))
+        }
         Op::Resume if !matches!(control, Mode::Paused { .. }) => Err(EndpointError::NotPaused {
             target: target.to_string(),
             state: state(),
@@ -195,6 +214,7 @@ fn change_of(target: &Target, op: Op) -> Change {
         Op::Disable { reason } => Change::Disable {
             target,
             reason: record::reason(reason.as_deref()),
+            failing_since_ms: None,
         },
         Op::Enable => Change::Enable { target },
     }

@@ -131,7 +131,7 @@ fn reason_text(r: &Option<String>) -> String {
 }
 
 /// A target's history of changes, newest first.
-pub fn show_history(
+fn show_history(
     now: u64,
     key: Option<&KeyState>,
     out: &mut (impl Write + ?Sized),
