@@ -244,6 +244,10 @@ async fn bad_input_exits_2_and_says_why() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("is disabled"), "{err}");
+    let out = endpoint_output(&app, &["disable", unseen]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("already disabled"), "{err}");
 }
 
 async fn ok_receiver() -> Receiver {

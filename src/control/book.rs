@@ -10,18 +10,14 @@
 //! that finds none folds what there is ([`Book::settle`]) and still takes
 //! the next snapshot that covers it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::fold;
 pub use super::fold::EXPIRED;
 use super::record::{Change, Record};
-pub use super::state::{Claim, Entry, KeyState, Mode};
+pub use super::state::{Claim, Entry, KeyState, Mode, FORGET_AFTER_MS};
 use crate::message::target::Target;
 
-/// A target with nothing in force is forgotten this long after its last
-/// record (the stream's own retention): a failing endpoint's record comes
-/// at least daily while it has traffic.
-pub const FORGET_AFTER_MS: u64 = 7 * 86_400_000;
 /// Records kept aside at most while no snapshot covers the start.
 const MAX_PENDING: usize = 100_000;
 
@@ -35,7 +31,8 @@ enum Phase {
     /// covered what retention cut off.
     Whole,
     /// Settled without a covering snapshot: records are folded, and kept
-    /// aside too, for the next snapshot that covers them.
+    /// aside too, for the next snapshot that covers them. Such a book
+    /// writes no snapshot: it would pass its gap on as whole.
     Lossy,
 }
 
@@ -48,7 +45,7 @@ pub struct Book {
     phase: Phase,
     /// Records read while not whole, and the first offset they (or the
     /// ones dropped past [`MAX_PENDING`]) started at.
-    pending: Vec<(u64, Record)>,
+    pending: VecDeque<(u64, Record)>,
     kept_from: Option<u64>,
     /// When the newest snapshot was made, its size, and records since it.
     last_snapshot_ms: Option<u64>,
@@ -69,10 +66,7 @@ pub enum Applied {
 impl Book {
     /// Applies the record at `offset` (offsets come in increasing order).
     pub fn apply(&mut self, offset: u64, r: Record) -> Applied {
-        let from = *self.kept_from.get_or_insert(offset);
-        if offset == 0 && self.phase == Phase::Reading {
-            self.phase = Phase::Whole;
-        }
+        let from = self.start_at(offset);
         if let Change::Snapshot { through, keys } = &r.change {
             return self.snapshot(offset, from, *through, keys, r.at_ms);
         }
@@ -87,9 +81,27 @@ impl Book {
         self.fold(&r)
     }
 
+    /// Notes a message at `offset` that is no record (someone else's on
+    /// the stream): it still tells where the stream starts.
+    pub fn skip(&mut self, offset: u64) {
+        self.start_at(offset);
+        if self.phase == Phase::Whole {
+            self.through = Some(offset);
+        }
+    }
+
+    /// The first offset read; a stream read from offset 0 is whole.
+    fn start_at(&mut self, offset: u64) -> u64 {
+        let from = *self.kept_from.get_or_insert(offset);
+        if offset == 0 && self.phase == Phase::Reading {
+            self.phase = Phase::Whole;
+        }
+        from
+    }
+
     /// A snapshot: adopted if the book is not whole and it covers the
-    /// records kept aside; else a whole book forgets, as its writer did,
-    /// what is worth keeping no longer.
+    /// records kept aside; else a whole book forgets what is stale, as its
+    /// writer left it out.
     fn snapshot(
         &mut self,
         offset: u64,
@@ -106,17 +118,16 @@ impl Book {
         }
         if self.phase == Phase::Whole {
             self.through = Some(offset);
-            let kept = compacted(&self.keys, at);
-            self.keys.retain(|t, _| kept.iter().any(|k| &k.target == t));
+            self.keys.retain(|_, k| !k.is_stale(at));
         }
         Applied::Other
     }
 
     fn keep(&mut self, offset: u64, r: Record) {
-        self.pending.push((offset, r));
+        self.pending.push_back((offset, r));
         if self.pending.len() > MAX_PENDING {
-            self.pending.remove(0);
-            self.kept_from = self.pending.first().map(|(o, _)| *o);
+            self.pending.pop_front();
+            self.kept_from = self.pending.front().map(|(o, _)| *o);
         }
     }
 
@@ -145,12 +156,17 @@ impl Book {
             return false;
         }
         self.phase = Phase::Lossy;
-        let kept = self.pending.clone();
+        let kept: Vec<_> = self.pending.iter().cloned().collect();
         for (offset, r) in kept {
             self.through = Some(offset);
             self.fold(&r);
         }
         true
+    }
+
+    /// Whether everything in the stream is in (see [`Book::settle`]).
+    pub fn is_whole(&self) -> bool {
+        self.phase == Phase::Whole
     }
 
     fn fold(&mut self, r: &Record) -> Applied {
@@ -179,21 +195,25 @@ impl Book {
         self.through
     }
 
-    /// Whether a snapshot is due: only when something was written since
-    /// the last, and at most every [`snapshot_every`] for the state's size
-    /// (plus `spread_ms`, this writer's share).
+    /// Whether a snapshot is due: from a whole book only, when something
+    /// was written since the last, and at most every [`snapshot_every`]
+    /// for the state's size (plus `spread_ms`, this writer's share).
     pub fn snapshot_due(&self, now_ms: u64, spread_ms: u64) -> bool {
         let every = snapshot_every(self.last_snapshot_keys.max(self.keys.len())) + spread_ms;
-        self.phase != Phase::Reading
+        self.phase == Phase::Whole
             && self.since_snapshot > 0
             && self
                 .last_snapshot_ms
                 .is_none_or(|at| now_ms.saturating_sub(at) >= every)
     }
 
-    /// The keys a snapshot made now keeps (see [`Book::snapshot`]).
+    /// The keys a snapshot made now keeps: none that is stale.
     pub fn snapshot_keys(&self, now_ms: u64) -> Vec<KeyState> {
-        compacted(&self.keys, now_ms)
+        self.keys
+            .values()
+            .filter(|k| !k.is_stale(now_ms))
+            .cloned()
+            .collect()
     }
 }
 
@@ -203,17 +223,6 @@ impl Book {
 /// stream's 7 days of retention.
 pub fn snapshot_every(keys: usize) -> u64 {
     (keys as u64 * 120_000).clamp(3_600_000, 3 * 86_400_000)
-}
-
-/// The targets worth keeping at `now_ms`: anything in force, and anything
-/// with a record in the last [`FORGET_AFTER_MS`].
-fn compacted(keys: &BTreeMap<Target, KeyState>, now_ms: u64) -> Vec<KeyState> {
-    keys.values()
-        .filter(|k| {
-            k.control != Mode::Active || now_ms.saturating_sub(k.updated_ms) < FORGET_AFTER_MS
-        })
-        .cloned()
-        .collect()
 }
 
 #[cfg(test)]

@@ -304,3 +304,24 @@ fn the_first_claim_wins_until_it_goes_stale() {
     ]);
     assert_eq!(b.get(&t(f)).unwrap().claim.as_ref().unwrap().by, "w/2");
 }
+
+/// A reader that kept a stale target and one that never had it (its
+/// snapshot left it out) judge the next records alike.
+#[test]
+fn a_stale_target_folds_as_new() {
+    let a = "http://127.0.0.1:4000";
+    let mut kept = Book::default();
+    kept.apply(0, rec(1, failing(a, 1, 30)));
+    let mut fresh = Book::default();
+    fresh.apply(0, rec(1, Change::Sync));
+    let later = 2 + FORGET_AFTER_MS;
+    for b in [&mut kept, &mut fresh] {
+        b.apply(1, rec(later, failing(a, later, 2)));
+    }
+    let (k, f) = (kept.get(&t(a)).unwrap(), fresh.get(&t(a)).unwrap());
+    assert_eq!((k.failing_since_ms, k.failures), (Some(later), 2));
+    assert_eq!(
+        (k.failing_since_ms, k.failures),
+        (f.failing_since_ms, f.failures)
+    );
+}

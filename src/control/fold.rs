@@ -20,6 +20,9 @@ pub const EXPIRED: &str = "expired:";
 
 /// Applies `r` to `k`; `true` when the mode changed.
 pub(super) fn apply(k: &mut KeyState, r: &Record) -> bool {
+    if k.is_stale(r.at_ms) {
+        *k = KeyState::new(k.target.clone());
+    }
     k.updated_ms = k.updated_ms.max(r.at_ms);
     match &r.change {
         Change::Failing {

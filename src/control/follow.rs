@@ -30,6 +30,11 @@ use crate::topology::Topology;
 const TICK: Duration = Duration::from_secs(1);
 /// A broken follow is read afresh after this, doubling up to a minute.
 const REFOLLOW: Duration = Duration::from_secs(1);
+/// After a snapshot that could not be written, none is tried for this long.
+const SNAPSHOT_BACKOFF_MS: u64 = 600_000;
+/// The largest snapshot written: well within RabbitMQ 4.x's default
+/// `max_message_size` of 16 MiB.
+const MAX_SNAPSHOT_BYTES: usize = 8 << 20;
 /// Automatic disables wait while more than half of this many endpoints
 /// or more (seen in the last 10 minutes) fail without a success.
 const MIN_FOR_HOLD: usize = 4;
@@ -54,44 +59,51 @@ impl Tasks {
     }
 
     /// Applies records as they come, until stopped; reads the stream
-    /// afresh when the consumer ends or fails.
+    /// afresh when the consumer ends or fails, backing off while it keeps
+    /// failing (a read that broke within a minute counts as failing).
     async fn follow(&self, reader: Option<Reader>) {
+        let mut wait = REFOLLOW;
         let mut reader = match reader {
             Some(r) => r,
-            None => match self.refollow().await {
+            None => match self.refollow(&mut wait).await {
                 Some(r) => r,
                 None => return,
             },
         };
         loop {
+            let since = std::time::Instant::now();
             let e = loop {
                 let next = tokio::select! {
                     _ = self.stop.cancelled() => return reader.close().await,
                     n = reader.next() => n,
                 };
                 match next {
-                    Ok(Some((offset, r))) => self.shared.apply(offset, r),
+                    Ok(Some((offset, Some(r)))) => self.shared.apply(offset, r),
+                    Ok(Some((offset, None))) => self.shared.skip(offset),
                     Ok(None) => break ControlError::Ended,
                     Err(e) => break e,
                 }
             };
             warn!(error = %e, "following the endpoint-state stream broke; reading it afresh (deliveries go on with the state as it was)");
-            match self.refollow().await {
+            if since.elapsed() >= Duration::from_secs(60) {
+                wait = REFOLLOW;
+            }
+            match self.refollow(&mut wait).await {
                 Some(r) => reader = r,
                 None => return,
             }
         }
     }
 
-    /// Reads the stream afresh, backing off, until it works or the session
-    /// stops (`None`).
-    async fn refollow(&self) -> Option<Reader> {
-        let mut wait = REFOLLOW;
+    /// Reads the stream afresh after `wait` (doubled after each failure,
+    /// up to a minute), until it works or the session stops (`None`).
+    async fn refollow(&self, wait: &mut Duration) -> Option<Reader> {
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => return None,
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(*wait) => {}
             }
+            *wait = (*wait * 2).min(Duration::from_secs(60));
             let (name, me) = (&self.topology.endpoint_state, &self.shared.me);
             match stream::open_and_read(&self.conn, name, me, stream::CATCH_UP).await {
                 Ok((book, reader, writer)) => {
@@ -104,7 +116,6 @@ impl Tasks {
                     warn!(error = %e, retry_in = ?wait, "reading the endpoint-state stream failed")
                 }
             }
-            wait = (wait * 2).min(Duration::from_secs(60));
         }
     }
 
@@ -113,7 +124,7 @@ impl Tasks {
     /// automatic disables.
     async fn tick(&self, mut writer: Option<Writer>) {
         let mut reports: Option<Channel> = None;
-        let (mut reported, mut hold) = (0u64, false);
+        let (mut reported, mut hold, mut snapshots_after) = (0u64, false, 0u64);
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => break,
@@ -128,8 +139,15 @@ impl Tasks {
                 self.report(&mut reports, now, views).await;
             }
             self.held_gauges(now);
-            let records = self.planned(now, &self.endpoints.deltas(), hold);
-            self.write(&mut writer, &records).await;
+            let mut records = self.planned(now, &self.endpoints.deltas(), hold);
+            // The snapshot goes last, so that it cannot hold the rest up.
+            if now >= snapshots_after {
+                records.extend(self.snapshot(now));
+            }
+            let failed = self.write(&mut writer, &records).await;
+            if failed.is_some_and(|r| matches!(r.change, Change::Snapshot { .. })) {
+                snapshots_after = now + SNAPSHOT_BACKOFF_MS;
+            }
         }
         if let Some(w) = writer {
             w.close().await;
@@ -151,23 +169,51 @@ impl Tasks {
     /// Appends `records`, opening the writer's channel when needed. On a
     /// failure the rest wait for the planner's next decisions (it plans
     /// again from the state it reads back).
-    async fn write(&self, writer: &mut Option<Writer>, records: &[Record]) {
+    /// Returns the record that failed, if one did.
+    async fn write<'r>(
+        &self,
+        writer: &mut Option<Writer>,
+        records: &'r [Record],
+    ) -> Option<&'r Record> {
         for r in records {
             if writer.as_ref().is_none_or(|w| !w.is_connected()) {
-                *writer = Writer::open(&self.conn, &self.topology.endpoint_state)
-                    .await
-                    .ok();
+                let name = &self.topology.endpoint_state;
+                *writer = Writer::open(&self.conn, name).await.ok();
             }
-            let Some(w) = writer.as_ref() else { return };
+            let Some(w) = writer.as_ref() else {
+                return Some(r);
+            };
             if let Err(e) = w.append(r).await {
                 warn!(error = %e, "a record for the endpoint-state stream was not confirmed; planning again next tick");
                 *writer = None;
-                return;
+                return Some(r);
             }
         }
+        None
     }
 
-    /// The planner's records, and a snapshot when one is due.
+    /// A snapshot of the whole state, when one is due (see
+    /// [`super::book::Book::snapshot_due`]) and not too large.
+    fn snapshot(&self, now: u64) -> Option<Record> {
+        let book = lock(&self.shared.book);
+        // A spread of up to ten seconds, so workers rarely write one each.
+        if !book.snapshot_due(now, self.shared.plan.spread_ms * 20) {
+            return None;
+        }
+        let change = Change::Snapshot {
+            through: book.through().unwrap_or(0),
+            keys: book.snapshot_keys(now),
+        };
+        let r = Record::new(now, &self.shared.me, change);
+        let size = r.to_json().len();
+        if size > MAX_SNAPSHOT_BYTES {
+            warn!(size, "the endpoint state is too large for one snapshot; none written (targets older than the stream's 7 days may be forgotten)");
+            return None;
+        }
+        Some(r)
+    }
+
+    /// The planner's records.
     fn planned(
         &self,
         now: u64,
@@ -182,16 +228,7 @@ impl Tasks {
             deltas,
             hold_disables: hold,
         };
-        let mut out = plan::plan(&inputs, &mut lock(&inner.carry), &inner.plan, &inner.me);
-        // A spread of up to ten seconds, so workers rarely write one each.
-        if book.snapshot_due(now, inner.plan.spread_ms * 20) {
-            let change = Change::Snapshot {
-                through: book.through().unwrap_or(0),
-                keys: book.snapshot_keys(now),
-            };
-            out.push(Record::new(now, &inner.me, change));
-        }
-        out
+        plan::plan(&inputs, &mut lock(&inner.carry), &inner.plan, &inner.me)
     }
 
     /// `redeliver_endpoints{state}` for the paused and disabled targets,

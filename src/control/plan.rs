@@ -74,20 +74,30 @@ struct Unwritten {
     first_ms: Option<u64>,
     written_ms: u64,
     touched_ms: u64,
-    /// When this worker last claimed a disable, and the failing start it
-    /// wrote a disable for.
+    /// A success seen within the hysteresis of the failing's start, to
+    /// write once the hysteresis is over (unless a later one is).
+    unsent_ok: Option<u64>,
+    /// When this worker last claimed a disable; the failing start it wrote
+    /// a disable for, and when (written again if it did not take).
     claimed_ms: Option<u64>,
-    disabled_for: Option<u64>,
+    disabled: Option<(u64, u64)>,
 }
+
+/// A disable written but not seen in the book after this long is written
+/// again (its confirm may have been lost); a repeat changes nothing.
+const DISABLE_AGAIN_MS: u64 = 10_000;
 
 /// The records this worker should write now.
 pub fn plan(i: &Inputs, carry: &mut Carry, s: &PlanSettings, me: &str) -> Vec<Record> {
     let mut out = vec![];
+    // Paused or disabled (or a pause not closed yet): no clock runs, and
+    // what was held back from before starts nothing after.
+    carry
+        .keys
+        .retain(|t, _| i.book.get(t).is_none_or(|k| k.control == Mode::Active));
     for (target, delta, local_success) in i.deltas {
-        let k = i.book.get(target);
+        let k = current(i.book, target, i.now_ms);
         if k.is_some_and(|k| k.control != Mode::Active) {
-            // Paused or disabled (or a pause not closed yet): no clock runs.
-            carry.keys.remove(target);
             continue;
         }
         let u = carry.keys.entry(target.clone()).or_default();
@@ -98,11 +108,13 @@ pub fn plan(i: &Inputs, carry: &mut Carry, s: &PlanSettings, me: &str) -> Vec<Re
         };
         out.extend(endpoint(i, target, k, &seen, u, s, me));
     }
+    out.extend(late_recoveries(i.now_ms, i.book, carry, s, me));
     out.extend(claimed_disables(i.now_ms, i.book, carry, me));
     let h = s.hysteresis_ms();
     carry.keys.retain(|_, u| {
         let recent = i.now_ms < u.touched_ms + FORGET_UNWRITTEN_MS;
-        recent && (u.failures > 0 || i.now_ms < u.written_ms + h || u.claimed_ms.is_some())
+        let pending = u.failures > 0 || u.unsent_ok.is_some() || u.claimed_ms.is_some();
+        recent && (pending || i.now_ms < u.written_ms + h)
     });
     out.extend(expired_pauses(i.now_ms, i.book, s, me));
     out
@@ -129,13 +141,14 @@ fn endpoint(
     let mut since = k.and_then(|k| k.failing_since_ms);
     let mut shared = k.map_or(0, |k| k.failures);
     if let Some(ok) = delta.last_success_ms {
-        if since.is_some_and(|s| ok >= s.saturating_add(h)) {
-            let change = Change::Recovered {
-                target: target.clone(),
-                success_ms: ok,
-            };
-            out.push(Record::new(now_ms, me, change));
-            (since, shared) = (None, 0);
+        match since {
+            Some(s) if ok >= s.saturating_add(h) => {
+                out.push(recovered(now_ms, target, ok, me));
+                (since, shared, u.unsent_ok) = (None, 0, None);
+            }
+            // Within the hysteresis: written once it is over.
+            Some(s) if ok >= s => u.unsent_ok = Some(ok),
+            _ => {}
         }
         // Failures held back from before this success no longer count.
         (u.failures, u.first_ms) = (0, None);
@@ -209,21 +222,67 @@ fn claim_due(
     Some(Record::new(now_ms, me, change))
 }
 
-/// The disables this worker's claims won, once each.
+/// The disables this worker's claims won: once each, and again should
+/// one not reach the book (a lost confirm).
 fn claimed_disables(now_ms: u64, book: &Book, carry: &mut Carry, me: &str) -> Vec<Record> {
     let mut out = vec![];
-    for k in book.keys() {
+    for k in book.keys().filter(|k| !k.is_stale(now_ms)) {
         let Some(c) = &k.claim else { continue };
         let mine = c.by == me && k.failing_since_ms == Some(c.since_ms);
-        let u = carry.keys.entry(k.target.clone()).or_default();
-        if !mine || k.control != Mode::Active || u.disabled_for == Some(c.since_ms) {
+        if !mine || k.control != Mode::Active {
             continue;
         }
-        u.disabled_for = Some(c.since_ms);
+        let u = carry.keys.entry(k.target.clone()).or_default();
+        let written = u
+            .disabled
+            .is_some_and(|(since, at)| since == c.since_ms && now_ms < at + DISABLE_AGAIN_MS);
+        if written {
+            continue;
+        }
+        (u.disabled, u.touched_ms) = (Some((c.since_ms, now_ms)), now_ms);
         let n = k.failures + u.failures;
         out.push(auto_disable(now_ms, &k.target, c.since_ms, n, me));
     }
     out
+}
+
+/// The successes held back within a failing's hysteresis, once it is
+/// over: a failing that had one never stands as older than it.
+fn late_recoveries(
+    now_ms: u64,
+    book: &Book,
+    carry: &mut Carry,
+    s: &PlanSettings,
+    me: &str,
+) -> Vec<Record> {
+    let mut out = vec![];
+    for (target, u) in carry.keys.iter_mut() {
+        let Some(ok) = u.unsent_ok else { continue };
+        let since = current(book, target, now_ms).and_then(|k| k.failing_since_ms);
+        match since {
+            Some(s0) if ok >= s0 && now_ms >= s0.saturating_add(s.hysteresis_ms()) => {
+                out.push(recovered(now_ms, target, ok, me));
+                u.unsent_ok = None;
+            }
+            Some(s0) if ok >= s0 => {}
+            _ => u.unsent_ok = None,
+        }
+    }
+    out
+}
+
+fn recovered(now_ms: u64, target: &Target, ok: u64, me: &str) -> Record {
+    let change = Change::Recovered {
+        target: target.clone(),
+        success_ms: ok,
+    };
+    Record::new(now_ms, me, change)
+}
+
+/// The book's state of `target`, unless stale (see [`KeyState::is_stale`]):
+/// a stale one is judged as new, as the fold will make it.
+fn current<'a>(book: &'a Book, target: &Target, now_ms: u64) -> Option<&'a KeyState> {
+    book.get(target).filter(|k| !k.is_stale(now_ms))
 }
 
 /// The one automatic disable for a target failing since `since_ms`.

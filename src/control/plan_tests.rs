@@ -255,3 +255,67 @@ fn an_expired_pause_is_closed_with_a_resume_named_after_it() {
     assert_eq!(k.history.last().unwrap().what, "pause expired");
     assert!(w.plan(70, &b, Delta::default(), None, &s).is_empty());
 }
+
+/// A success within the hysteresis is not written at once, but once the
+/// hysteresis is over: the failing never stands as older than it.
+#[test]
+fn a_success_within_the_hysteresis_is_written_once_it_is_over() {
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(100_000));
+    step(1_000, &mut b, fails(1, 1_000), &mut w, &s);
+    assert!(step(2_000, &mut b, ok(2_000), &mut w, &s).is_empty());
+    // No more traffic: at 6 s (the 5 s hysteresis over), it is written.
+    assert!(step(5_000, &mut b, Delta::default(), &mut w, &s).is_empty());
+    assert_eq!(
+        step(6_000, &mut b, Delta::default(), &mut w, &s),
+        ["recovered"]
+    );
+    let k = b.get(&t(A)).unwrap();
+    assert_eq!((k.failing_since_ms, k.last_success_ms), (None, Some(2_000)));
+}
+
+/// A won disable whose confirm was lost is written again (a repeat
+/// changes nothing in the book).
+#[test]
+fn a_disable_that_did_not_reach_the_book_is_written_again() {
+    let (mut b, mut w, s) = (book(), W::new("auto w/1"), settings(5_000));
+    let first = w.plan(1_000, &b, fails(12, 900), None, &s);
+    fold(&mut b, first);
+    let claim = w.plan(6_000, &b, fails(1, 5_900), None, &s);
+    fold(&mut b, claim);
+    let lost = w.plan(7_000, &b, Delta::default(), None, &s);
+    assert_eq!(
+        lost.len(),
+        1,
+        "the disable, not folded: its confirm was lost"
+    );
+    assert!(w.plan(8_000, &b, Delta::default(), None, &s).is_empty());
+    let again = w.plan(17_000, &b, Delta::default(), None, &s);
+    assert_eq!(fold(&mut b, again), ["disable"]);
+    assert!(matches!(
+        b.get(&t(A)).unwrap().control,
+        Mode::Disabled { .. }
+    ));
+}
+
+/// Failures held back before a pause start nothing after it.
+#[test]
+fn failures_from_before_a_pause_are_forgotten() {
+    let (mut b, mut w, s) = (book(), W::new("w"), settings(100_000));
+    step(1_000, &mut b, fails(12, 900), &mut w, &s);
+    // Ten in the book: counts wait for the hysteresis (5 s).
+    assert!(step(2_000, &mut b, fails(20, 1_500), &mut w, &s).is_empty());
+    let pause = Change::Pause {
+        target: t(A),
+        reason: None,
+        until_ms: None,
+    };
+    fold(&mut b, vec![Record::new(3_000, "ops", pause)]);
+    assert!(step(4_000, &mut b, Delta::default(), &mut w, &s).is_empty());
+    fold(
+        &mut b,
+        vec![Record::new(5_000, "ops", Change::Resume { target: t(A) })],
+    );
+    step(6_000, &mut b, fails(1, 5_900), &mut w, &s);
+    let k = b.get(&t(A)).unwrap();
+    assert_eq!((k.failing_since_ms, k.failures), (Some(5_900), 1));
+}

@@ -99,6 +99,11 @@ impl Shared {
         }
     }
 
+    /// Notes a stream message that is no record.
+    pub(super) fn skip(&self, offset: u64) {
+        lock(&self.book).skip(offset);
+    }
+
     pub(super) fn held(&self, target: &Target, due_ms: u64) {
         let mut held = lock(&self.held);
         let h = held.entry(target.clone()).or_default();

@@ -94,6 +94,12 @@ pub struct Claim {
 /// How long a claim holds without its disable.
 pub const CLAIM_TTL_MS: u64 = 30_000;
 
+/// A target with nothing in force and no record for this long (the
+/// stream's own retention) is as good as new: every reader forgets it at
+/// its next record ([`KeyState::is_stale`]), and snapshots leave it out.
+/// A failing endpoint's records come at least daily while it has traffic.
+pub const FORGET_AFTER_MS: u64 = 7 * 86_400_000;
+
 impl KeyState {
     pub(super) fn new(target: Target) -> Self {
         KeyState {
@@ -106,6 +112,13 @@ impl KeyState {
             history: vec![],
             claim: None,
         }
+    }
+
+    /// Nothing in force and no record for [`FORGET_AFTER_MS`] at `now_ms`:
+    /// a reader that kept it and one that never had it (it read a
+    /// snapshot that left it out) must judge alike.
+    pub fn is_stale(&self, now_ms: u64) -> bool {
+        self.control == Mode::Active && now_ms >= self.updated_ms.saturating_add(FORGET_AFTER_MS)
     }
 
     /// An operator's change starts the failing clock afresh: failures

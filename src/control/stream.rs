@@ -186,10 +186,11 @@ impl Reader {
         Ok(Reader { ch, consumer })
     }
 
-    /// The next record and its offset; `Ok(None)` when the consumer ended
-    /// (the channel closed, the stream was deleted). A body that is not a
-    /// record (someone else's message) is skipped, and said once.
-    pub async fn next(&mut self) -> Result<Option<(u64, Record)>, ControlError> {
+    /// The next message's offset and record (`None` for a body that is
+    /// not one: someone else's message, skipped with a warning, whose
+    /// offset still counts); `Ok(None)` when the consumer ended (the
+    /// channel closed, the stream was deleted).
+    pub async fn next(&mut self) -> Result<Option<(u64, Option<Record>)>, ControlError> {
         loop {
             let Some(d) = self.consumer.next().await else {
                 return Ok(None);
@@ -205,12 +206,11 @@ impl Reader {
                 Some(AMQPValue::LongLongInt(o)) => o.max(0) as u64,
                 _ => continue,
             };
-            match serde_json::from_slice::<Record>(&d.data) {
-                Ok(r) => return Ok(Some((offset, r))),
-                Err(e) => {
-                    tracing::warn!(offset, error = %e, "skipped a message on the endpoint-state stream that is not a record")
-                }
+            let r = serde_json::from_slice::<Record>(&d.data);
+            if let Err(e) = &r {
+                tracing::warn!(offset, error = %e, "skipped a message on the endpoint-state stream that is not a record");
             }
+            return Ok(Some((offset, r.ok())));
         }
     }
 
@@ -262,6 +262,10 @@ pub async fn read_through(
 ) -> Result<(), ControlError> {
     let read = async {
         while let Some((offset, r)) = reader.next().await? {
+            let Some(r) = r else {
+                book.skip(offset);
+                continue;
+            };
             let done = r.id == id;
             book.apply(offset, r);
             if done {
@@ -292,9 +296,10 @@ pub async fn read_quietly(
             match tokio::time::timeout(wait, reader.next()).await {
                 Err(_) | Ok(Ok(None)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
-                Ok(Ok(Some((offset, r)))) => {
+                Ok(Ok(Some((offset, Some(r))))) => {
                     book.apply(offset, r);
                 }
+                Ok(Ok(Some((offset, None)))) => book.skip(offset),
             }
             wait = quiet;
         }

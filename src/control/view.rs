@@ -106,7 +106,7 @@ fn finish(row: &mut Row, target: Option<&Target>, book: &Book, table: &Table, no
         row.control = Some(control.clone());
         row.by_target = (by != target).then(|| by.to_string());
     }
-    if let Some(k) = book.get(target) {
+    if let Some(k) = book.get(target).filter(|k| !k.is_stale(now_ms)) {
         failing(row, k);
     }
 }

@@ -62,6 +62,7 @@ pub async fn stream_records(app: &TestApp) -> Vec<Value> {
     writer.append(&marker).await.unwrap();
     let mut out = vec![];
     while let Some((_, r)) = reader.next().await.unwrap() {
+        let Some(r) = r else { continue };
         if r.id == marker.id {
             break;
         }

@@ -37,6 +37,10 @@ pub enum EndpointError {
     NotDisabled { target: String, state: String },
     #[error("{0} is disabled; a pause would change nothing (enable it first)")]
     Disabled(String),
+    #[error("{0} is already disabled; nothing changed")]
+    AlreadyDisabled(String),
+    #[error("{0} changed meanwhile (another command or a worker came first; it is {1} now); nothing changed")]
+    Conflict(String, String),
     #[error("no live worker has seen {0} in the last 10 minutes, and it is not paused or disabled (`redeliver endpoint list` shows what they see)")]
     Unknown(String),
 }
@@ -49,6 +53,8 @@ impl EndpointError {
             EndpointError::NotPaused { .. }
                 | EndpointError::NotDisabled { .. }
                 | EndpointError::Disabled(_)
+                | EndpointError::AlreadyDisabled(_)
+                | EndpointError::Conflict(..)
                 | EndpointError::Unknown(_)
         )
     }
@@ -128,16 +134,29 @@ pub async fn change(
     let (mut book, writer, mut reader) = read(&conn, &t).await?;
     let now = now_ms();
     check(&book, target, &op, now)?;
-    // Writers keep the stream's snapshots, workers or not.
-    if book.snapshot_due(now, 0) {
-        let keys = book.snapshot_keys(now);
-        let through = book.through().unwrap_or(0);
-        let snapshot = Record::new(now, &by(), Change::Snapshot { through, keys });
-        writer.append(&snapshot).await?;
-    }
+    let snapshot_due = book.snapshot_due(now, 0);
     let record = Record::new(now, &by(), change_of(target, op));
     writer.append(&record).await?;
     stream::read_through(&mut reader, &mut book, &record.id, READ_WITHIN).await?;
+    // Another change landed first and made this one a no-op.
+    let took = book
+        .get(target)
+        .and_then(|k| k.history.last())
+        .is_some_and(|e| e.id == record.id);
+    if !took {
+        let state = book.get(target).map_or("active", |k| k.control.name(now));
+        return Err(EndpointError::Conflict(target.to_string(), state.into()));
+    }
+    // Writers keep the stream's snapshots, workers or not; a snapshot
+    // that cannot be written (too large?) must not stop a change.
+    if snapshot_due {
+        let keys = book.snapshot_keys(now);
+        let through = book.through().unwrap_or(0);
+        let snapshot = Record::new(now, &by(), Change::Snapshot { through, keys });
+        if let Err(e) = writer.append(&snapshot).await {
+            tracing::warn!(error = %e, "the endpoint-state snapshot was not written");
+        }
+    }
     let reports = reports::read(&conn, &t).await;
     writer.close().await;
     reader.close().await;
@@ -187,6 +206,9 @@ fn check(book: &Book, target: &Target, op: &Op, now: u64) -> Result<(), Endpoint
     match op {
         Op::Pause { .. } if matches!(control, Mode::Disabled { .. }) => {
             Err(EndpointError::Disabled(target.to_string()))
+        }
+        Op::Disable { .. } if matches!(control, Mode::Disabled { .. }) => {
+            Err(EndpointError::AlreadyDisabled(target.to_string()))
         }
         Op::Resume if !matches!(control, Mode::Paused { .. }) => Err(EndpointError::NotPaused {
             target: target.to_string(),
