@@ -5,7 +5,7 @@
 //! [`policy`] (pure: retry or not, how long, the decision) →
 //! [`message`] (wire format, retry-state headers, dead-letter records) →
 //! [`telemetry`] → [`config`] (settings) → [`topology`] → [`publish`]
-//! (confirmed publishing) → [`delay`] (plugin, cascade, hold) →
+//! (confirmed publishing) → [`events`] (operational events) → [`delay`] (plugin, cascade, hold) →
 //! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`control`]
 //! (pause, disable, the shared failing clock) → [`worker`] (consume, one delivery) → [`ops`]
 //! (dead letters, status, demo) → `bench` → [`cli`].
@@ -23,6 +23,7 @@ pub mod control;
 pub mod delay;
 pub mod deliver;
 pub mod endpoint;
+pub mod events;
 pub mod message;
 pub mod ops;
 pub mod policy;

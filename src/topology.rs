@@ -24,6 +24,9 @@ pub struct Topology {
     pub endpoint_state: String,
     /// Workers' reports of the endpoints they see, for `endpoint list`.
     pub endpoint_reports: String,
+    /// Topic exchange of operational events, routed by their type
+    /// (`crate::events`); users bind their own queues.
+    pub events: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +63,19 @@ impl Topology {
             dead: format!("{prefix}.dead"),
             endpoint_state: format!("{prefix}.endpoint-state"),
             endpoint_reports: format!("{prefix}.endpoint-reports"),
+            events: format!("{prefix}.events"),
         }
+    }
+
+    /// The `--events-url` relay's queue (`crate::events::relay`).
+    pub fn events_relay(&self) -> String {
+        format!("{}.events-url", self.prefix)
+    }
+
+    /// The queue whose one message says a stall of `backend` was reported
+    /// (`crate::events::lease`), so one event goes out per stall.
+    pub fn stall_lease(&self, backend: &str) -> String {
+        format!("{}.events-stall-{backend}", self.prefix)
     }
 
     /// Declares the intake, work and dead objects, on channels of its own (a broker-side refusal
@@ -83,6 +98,7 @@ impl Topology {
         )
         .await
         .map_err(|e| classify("exchange", &self.intake, e))?;
+        self.declare_events(ch).await?;
         let q = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -106,6 +122,24 @@ impl Topology {
         Ok(())
     }
 
+    /// Declares the events exchange (`crate::events`): a topic exchange,
+    /// routed by the event's type (`notification.exhausted`, ...), so a
+    /// consumer binds only the keys it wants; durable like the intake.
+    pub async fn declare_events(&self, ch: &Channel) -> Result<(), TopologyError> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.exchange_declare(
+            self.events.as_str().into(),
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| classify("exchange", &self.events, e))
+    }
+
     /// Deletes the intake, work and dead objects, messages included. Only
     /// through `crate::delay::delete`, which deletes the delay backends'
     /// objects first, so no caller leaves half a prefix behind.
@@ -117,11 +151,14 @@ impl Topology {
             &self.dead,
             &self.endpoint_state,
             &self.endpoint_reports,
+            &self.events_relay(),
+            &self.stall_lease("plugin"),
+            &self.stall_lease("cascade"),
         ] {
             ch.queue_delete(q.as_str().into(), Default::default())
                 .await?;
         }
-        for x in [&self.intake] {
+        for x in [&self.intake, &self.events] {
             ch.exchange_delete(x.as_str().into(), Default::default())
                 .await?;
         }

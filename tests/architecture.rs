@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "config",
     "topology",
     "publish",
+    "events",
     "delay",
     "deliver",
     "endpoint",

@@ -25,6 +25,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use common::chaos::*;
+use common::events::Sink;
 use common::harness::let_quorum_queues_age;
 use common::receiver::{Receiver, Reply};
 use common::{ctl, DownWhenLast, TestApp};
@@ -87,6 +88,8 @@ struct Setup {
     other: Option<Receiver>,
     ids: Vec<String>,
     started: Instant,
+    /// A queue bound to the dead letters' events.
+    events: Sink,
 }
 
 async fn setup(name: &str, schedule: &str) -> Setup {
@@ -109,6 +112,8 @@ async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[S
             load.insert((i * every).min(load.len()), (id, n));
         }
     }
+    let keys = ["notification.exhausted", "notification.dead-lettered"];
+    let events = Sink::bind(&app, "ev-dead", &keys).await;
     preload(&app, &load).await;
     let_quorum_queues_age().await;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -120,7 +125,49 @@ async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[S
         ids: load.into_iter().map(|(id, _)| id).collect(),
         fleet,
         started: Instant::now(),
+        events,
     }
+}
+
+/// Every dead letter has its event (exhausted or dead-lettered), with its
+/// reason; a crash may have published one twice, with the same id.
+async fn assert_every_dead_letter_has_its_event(
+    s: &mut Setup,
+    dead: &std::collections::HashMap<String, String>,
+) {
+    let all = |seen: &[serde_json::Value]| {
+        let ids: std::collections::HashSet<_> = seen
+            .iter()
+            .filter_map(|e| e["data"]["notification_id"].as_str())
+            .collect();
+        dead.keys().all(|id| ids.contains(id.as_str()))
+    };
+    let complete = s.events.wait(&s.app, Duration::from_secs(20), all).await;
+    let mut reasons = std::collections::HashMap::new();
+    for e in &s.events.seen {
+        let d = &e["data"];
+        let id = d["notification_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        reasons.insert(id, d["reason"].as_str().unwrap_or_default().to_string());
+    }
+    let missing: Vec<_> = dead
+        .keys()
+        .filter(|id| !reasons.contains_key(*id))
+        .collect();
+    assert!(
+        complete && missing.is_empty(),
+        "dead letters without their event: {missing:?}"
+    );
+    for (id, reason) in dead {
+        assert_eq!(&reasons[id], reason, "{id}");
+    }
+    println!(
+        "events: {} for {} dead letters",
+        s.events.seen.len(),
+        dead.len()
+    );
 }
 
 /// Settles, stops the fleet, prints the figures and asserts the promise.
@@ -128,6 +175,7 @@ async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
     let rxs: Vec<&Receiver> = std::iter::once(&s.rx).chain(s.other.as_ref()).collect();
     let t = settle(&s.app, &s.ids, &rxs, Duration::from_secs(240)).await;
     let elapsed = s.started.elapsed();
+    assert_every_dead_letter_has_its_event(&mut s, &t.dead).await;
     let running = s.fleet.all_running();
     let statuses = tokio::task::spawn_blocking(move || {
         let st = s.fleet.stop();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::app::TestApp;
 use common::endpoints::{history_count, origin, show, stream_records, wait_state};
+use common::events::{assert_schema, Sink};
 use common::harness::wait_until;
 use common::metrics::run_with_admin;
 use common::receiver::{Receiver, Reply};
@@ -24,6 +25,7 @@ both_backends!(
 
 async fn only_an_endpoint_failing_for_the_whole_span_is_disabled_and_once(backend: DelayBackend) {
     let app = TestApp::new("ep-auto", backend);
+    let mut events = Sink::bind(&app, "ev-endpoint", &["endpoint.#"]).await;
     let refused = refused_url();
     // 90% of the flaky receiver's answers are 500s.
     let n = AtomicUsize::new(0);
@@ -101,6 +103,20 @@ async fn only_an_endpoint_failing_for_the_whole_span_is_disabled_and_once(backen
         flaky.count() > 100,
         "the flaky endpoint kept getting traffic"
     );
+    // One endpoint.disabled across the two workers, said to be automatic.
+    events.take(&app).await;
+    let disabled = events.of("endpoint.disabled");
+    assert_eq!(disabled.len(), 1, "{:#?}", events.seen);
+    let d = &disabled[0]["data"];
+    assert_eq!(d["endpoint"], refused.as_str());
+    assert_eq!(d["automatic"], true);
+    assert!(d["by"].as_str().unwrap().starts_with("auto "), "{d}");
+    assert!(d["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("auto: no success since "));
+    assert_schema(disabled[0], &app.prefix);
+    assert_eq!(events.seen.len(), 1, "{:#?}", events.seen);
 }
 
 async fn an_abort_message_ends_the_notification_after_one_attempt(backend: DelayBackend) {

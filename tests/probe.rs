@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::app::TestApp;
 use common::chaos::Fleet;
+use common::events::{assert_schema, count, Sink};
 use common::metrics::{run_with_admin, wait_metric};
 use common::receiver::{Receiver, Reply};
 use redeliver::delay::DelayBackend;
@@ -92,7 +93,10 @@ async fn readyz(admin: u16) -> (u16, String) {
 #[tokio::test]
 async fn a_wedged_plugin_is_reported_within_a_minute_and_cleared_after() {
     let app = TestApp::new("probe-wedge", DelayBackend::Plugin);
+    let mut events = Sink::bind(&app, "ev-delay", &["delay-backend.*"]).await;
     let (_w, admin) = run_with_admin(&app, &[]);
+    // A second worker sees the same stall: still one event per stall.
+    let (_w2, admin2) = run_with_admin(&app, &[]);
     assert!(
         stalled_is(admin, "plugin", 0.0).await,
         "the gauge starts at 0"
@@ -105,6 +109,10 @@ async fn a_wedged_plugin_is_reported_within_a_minute_and_cleared_after() {
         "no stall reported within 60 s"
     );
     println!("stall reported after {:?}", wedged.elapsed());
+    assert!(
+        stalled_is(admin2, "plugin", 1.0).await,
+        "the second worker's"
+    );
     status_shows(&app, "probe plugin   STALLED since").await;
     let (code, body) = readyz(admin).await;
     // A broker-side stall does not fail readiness; it is reported there.
@@ -122,6 +130,39 @@ async fn a_wedged_plugin_is_reported_within_a_minute_and_cleared_after() {
     println!("cleared after {:?}", unwedged.elapsed());
     status_shows(&app, "probe plugin   routing").await;
     assert!(!readyz(admin).await.1.contains("stalled"));
+    assert!(stalled_is(admin2, "plugin", 0.0).await);
+    one_stall_and_its_recovery(&app, &mut events, "plugin").await;
+}
+
+/// Exactly one `delay-backend.stalled` and one `.recovered` for the stall,
+/// however many workers saw it, naming the same start.
+async fn one_stall_and_its_recovery(app: &TestApp, events: &mut Sink, backend: &str) {
+    let both = |s: &[serde_json::Value]| count(s, "delay-backend.recovered") >= 1;
+    assert!(
+        events.wait(app, Duration::from_secs(20), both).await,
+        "{:#?}",
+        events.seen
+    );
+    // Any late second one would come within a probe round.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    events.take(app).await;
+    let (stalled, recovered) = (
+        events.of("delay-backend.stalled"),
+        events.of("delay-backend.recovered"),
+    );
+    assert_eq!(
+        (stalled.len(), recovered.len()),
+        (1, 1),
+        "{:#?}",
+        events.seen
+    );
+    for e in stalled.iter().chain(&recovered) {
+        assert_schema(e, &app.prefix);
+        assert_eq!(e["data"]["backend"], backend);
+    }
+    assert_eq!(stalled[0]["data"]["since"], recovered[0]["data"]["since"]);
+    assert!(recovered[0]["data"]["lasted_seconds"].as_u64().is_some());
+    assert_ne!(stalled[0]["id"], recovered[0]["id"]);
 }
 
 /// `n` notifications per receiver, each failing its first attempt.
@@ -208,6 +249,7 @@ async fn failover_delivers_retries_through_the_cascade_while_the_plugin_is_wedge
 #[tokio::test]
 async fn a_cascade_stage_deleted_by_hand_is_reported_the_same_way() {
     let app = TestApp::new("probe-stage", DelayBackend::Cascade);
+    let mut events = Sink::bind(&app, "ev-delay", &["delay-backend.*"]).await;
     let (_w, admin) = run_with_admin(&app, &[]);
     assert!(stalled_is(admin, "cascade", 0.0).await);
     // The probe's second stage, gone: what expires from stage 2 has no
@@ -230,6 +272,7 @@ async fn a_cascade_stage_deleted_by_hand_is_reported_the_same_way() {
         stalled_is(admin, "cascade", 0.0).await,
         "not cleared within 60 s"
     );
+    one_stall_and_its_recovery(&app, &mut events, "cascade").await;
 }
 
 #[tokio::test]

@@ -9,10 +9,12 @@
 //! the phases; `report.rs` prints the table and the JSON. `crash.rs`
 //! counts the duplicates a worker kill or a broker restart causes;
 //! `noisy.rs` and `flaky.rs` measure per-endpoint isolation; `state.rs`
-//! what the shared endpoint state costs a delivery.
+//! what the shared endpoint state costs a delivery, `events.rs` what
+//! operational events cost.
 
 mod cluster;
 mod crash;
+mod events;
 mod flaky;
 mod ideal;
 mod load;

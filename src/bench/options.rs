@@ -50,10 +50,14 @@ pub enum Phase {
     /// 15. Endpoint state: end to end with 1,000 other endpoints paused,
     ///     next to none, in alternating pairs: what the lookup costs.
     EndpointState,
+    /// 16. Operational events: a receiver failing 30% of first attempts,
+    ///     with a queue bound to every event next to none, and with every
+    ///     failure and recovery an event next to none, in alternating pairs.
+    Events,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 14] = [
+    pub const ALL: [Phase; 15] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -68,6 +72,7 @@ impl Phase {
         Phase::Flaky,
         Phase::ProbeCost,
         Phase::EndpointState,
+        Phase::Events,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +92,7 @@ impl Phase {
             Phase::ProbeCost => "13 probe cost",
             Phase::ConfirmWindow => "14 confirm window",
             Phase::EndpointState => "15 endpoint state",
+            Phase::Events => "16 operational events",
         }
     }
 }

@@ -74,6 +74,7 @@ impl Bench {
             Phase::ProbeCost => self.probe_cost().await,
             Phase::ConfirmWindow => self.confirm_window().await,
             Phase::EndpointState => self.endpoint_state().await,
+            Phase::Events => self.events().await,
         }
     }
 

@@ -28,6 +28,9 @@ pub struct Mode {
     /// Answer 500 to [`FLAKY_ERRORS`] of requests, and hang for
     /// [`FLAKY_HANG`] (then 500) on [`FLAKY_HANGS`] of them.
     pub flaky: bool,
+    /// Answer 500 to [`FLAKY_ERRORS`] of attempt-1 requests, at random,
+    /// and 200 to every later attempt.
+    pub flaky_first: bool,
 }
 
 /// The share of requests a flaky sink answers 500 at once.
@@ -53,6 +56,7 @@ struct Shared {
     measure: AtomicBool,
     per_id: AtomicBool,
     flaky: AtomicBool,
+    flaky_first: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
     /// Microseconds since the epoch of the first request (any answer) and
@@ -120,6 +124,7 @@ impl Sink {
         s.measure.store(mode.measure, Ordering::SeqCst);
         s.per_id.store(mode.per_id, Ordering::SeqCst);
         s.flaky.store(mode.flaky, Ordering::SeqCst);
+        s.flaky_first.store(mode.flaky_first, Ordering::SeqCst);
         for c in [&s.ok, &s.failed, &s.first_us, &s.last_us, &s.ids_ok] {
             c.store(0, Ordering::SeqCst);
         }
@@ -205,6 +210,11 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
         count_id(&s, &headers, first_attempt);
     }
     if s.fail_first.load(Ordering::Relaxed) && first_attempt {
+        s.failed.fetch_add(1, Ordering::Relaxed);
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let flaky_first = s.flaky_first.load(Ordering::Relaxed) && first_attempt;
+    if flaky_first && rand::random::<f64>() < FLAKY_ERRORS {
         s.failed.fetch_add(1, Ordering::Relaxed);
         return StatusCode::INTERNAL_SERVER_ERROR;
     }

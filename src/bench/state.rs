@@ -107,7 +107,7 @@ async fn pause_others(conn: &lapin::Connection, prefix: &str, n: usize) -> anyho
     Ok(())
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {

@@ -65,6 +65,11 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
         control: crate::config::ControlSettings {
             disable_after: args.endpoint.disable_after.0,
         },
+        ops_events: crate::config::EventSettings {
+            url: args.events.events_url.clone(),
+            types: args.events.events_types.clone(),
+            failing_after: args.events.failing_after,
+        },
         ..WorkerSettings::default()
     })
 }

@@ -3,6 +3,7 @@
 
 mod amqp_url;
 mod endpoint;
+mod events;
 mod routes;
 mod secret;
 
@@ -11,6 +12,7 @@ pub use endpoint::{
     ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE,
     DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
 };
+pub use events::{parse_type_pattern, EventSettings, DEFAULT_FAILING_AFTER};
 pub use routes::{Route, Routes};
 pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
 
@@ -194,6 +196,8 @@ pub struct WorkerSettings {
     pub delay_probe: ProbeSettings,
     /// The shared endpoint state: automatic disable.
     pub control: ControlSettings,
+    /// Operational events: where they go besides `<prefix>.events`.
+    pub ops_events: EventSettings,
 }
 
 /// One attempt and what was decided about it.
@@ -227,6 +231,7 @@ impl Default for WorkerSettings {
             max_age: Some(DEFAULT_MAX_AGE),
             delay_probe: ProbeSettings::default(),
             control: ControlSettings::default(),
+            ops_events: EventSettings::default(),
         }
     }
 }

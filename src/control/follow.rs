@@ -22,6 +22,7 @@ use super::shared::{lock, now_ms, Shared};
 use super::stream::{self, Reader, Writer};
 use crate::endpoint::activity::Delta;
 use crate::endpoint::{Endpoints, View};
+use crate::events::Emitter;
 use crate::message::target::Target;
 use crate::telemetry;
 use crate::topology::Topology;
@@ -45,6 +46,7 @@ pub(super) struct Tasks {
     pub(super) endpoints: Arc<Endpoints>,
     pub(super) topology: Topology,
     pub(super) conn: Arc<Connection>,
+    pub(super) events: Emitter,
     pub(super) stop: CancellationToken,
 }
 
@@ -145,12 +147,29 @@ impl Tasks {
                 records.extend(self.snapshot(now));
             }
             let failed = self.write(&mut writer, &records).await;
+            self.announce().await;
             if failed.is_some_and(|r| matches!(r.change, Change::Snapshot { .. })) {
                 snapshots_after = now + SNAPSHOT_BACKOFF_MS;
             }
         }
         if let Some(w) = writer {
             w.close().await;
+        }
+    }
+
+    /// Publishes the events of this worker's changes that took effect; one
+    /// not confirmed is tried again next tick.
+    async fn announce(&self) {
+        let records = std::mem::take(&mut *lock(&self.shared.to_announce));
+        for (i, r) in records.iter().enumerate() {
+            let Some(e) = super::announce::event(self.events.prefix(), r) else {
+                continue;
+            };
+            if let Err(err) = self.events.emit(&e).await {
+                warn!(error = %err, event = e.kind.as_str(), "an endpoint event was not confirmed; trying again next tick");
+                lock(&self.shared.to_announce).extend_from_slice(&records[i..]);
+                return;
+            }
         }
     }
 

@@ -18,6 +18,7 @@
 //! clock's records ([`plan`]) and publishing reports ([`reports`]) that
 //! `endpoint list` merges ([`view`]).
 
+mod announce;
 pub mod book;
 mod error;
 mod fold;
@@ -42,6 +43,7 @@ use url::Url;
 
 use crate::config::ControlSettings;
 use crate::endpoint::Endpoints;
+use crate::events::Emitter;
 use crate::message::target::Target;
 use crate::topology::Topology;
 use plan::PlanSettings;
@@ -78,6 +80,17 @@ impl Control {
         self.shared.with_table(|t| t.gate(url, now_ms()))
     }
 
+    /// The operational event of a change a command made, once it took.
+    pub fn announce(
+        prefix: &str,
+        book: &book::Book,
+        r: &record::Record,
+    ) -> Option<crate::message::event::Event> {
+        announce::took(book, r)
+            .then(|| announce::event(prefix, r))
+            .flatten()
+    }
+
     /// Counts a notification deferred by `target`'s pause, due at `due_ms`.
     pub fn held(&self, target: &Target, due_ms: u64) {
         self.shared.held(target, due_ms);
@@ -101,6 +114,7 @@ impl Control {
         conn: &Arc<Connection>,
         t: &Topology,
         endpoints: Arc<Endpoints>,
+        events: &Emitter,
         stop: &CancellationToken,
     ) -> Result<(), ControlError> {
         let (name, me) = (&t.endpoint_state, &self.shared.me);
@@ -123,6 +137,7 @@ impl Control {
             endpoints,
             topology: t.clone(),
             conn: conn.clone(),
+            events: events.clone(),
             stop: stop.clone(),
         };
         tasks.spawn(reader, writer);

@@ -34,6 +34,9 @@ pub(super) struct Shared {
     pub(super) book: Mutex<Book>,
     pub(super) carry: Mutex<Carry>,
     held: Mutex<HashMap<Target, Held>>,
+    /// Changes this worker wrote that took effect, whose events are still
+    /// to be published (by the tick, `follow.rs`).
+    pub(super) to_announce: Mutex<Vec<Record>>,
 }
 
 /// What this worker held back for one paused or disabled target.
@@ -55,6 +58,7 @@ impl Shared {
             book: Mutex::new(Book::default()),
             carry: Mutex::new(Carry::default()),
             held: Mutex::new(HashMap::new()),
+            to_announce: Mutex::new(Vec::new()),
         }
     }
 
@@ -91,11 +95,16 @@ impl Shared {
         self.installed.load(Ordering::Acquire)
     }
 
-    /// Applies one record from the stream.
+    /// Applies one record from the stream; a change of this worker's own
+    /// that took effect is queued for its event.
     pub(super) fn apply(&self, offset: u64, r: Record) {
         let mut book = lock(&self.book);
+        let mine = (r.by == self.me).then(|| r.clone());
         if book.apply(offset, r) == Applied::Control {
             self.set_table(Table::build(&book, now_ms()));
+            if let Some(r) = mine.filter(|r| super::announce::took(&book, r)) {
+                lock(&self.to_announce).push(r);
+            }
         }
     }
 

@@ -3,6 +3,7 @@
 //! bad message is dead-lettered as `invalid` instead of looping.
 
 pub mod dead_letter;
+pub mod event;
 pub(crate) mod redact;
 pub mod state;
 pub mod target;

@@ -203,6 +203,14 @@ pub fn set_last(h: &mut FieldTable, status: Option<u16>, error: Option<&str>) {
     }
 }
 
+/// The last attempt's status and error, as the `last-*` headers carry them.
+pub fn last(h: Option<&FieldTable>) -> (Option<u16>, Option<String>) {
+    let status = get(h, H_LAST_STATUS)
+        .and_then(int)
+        .and_then(|s| u16::try_from(s).ok());
+    (status, get(h, H_LAST_ERROR).and_then(string))
+}
+
 /// Marks headers as dead-lettered.
 pub fn mark_dead(h: &mut FieldTable, reason: &str, now_ms: i64) {
     h.insert(H_DEAD_REASON.into(), long_string(reason));

@@ -83,6 +83,12 @@ impl Api {
         self.get(&path).await?.get(field)?.as_u64()
     }
 
+    /// How many bindings have exchange `name` as their source.
+    pub async fn bindings_from(&self, name: &str) -> Option<u64> {
+        let path = format!("exchanges/{}/{}/bindings/source", self.vhost, encode(name));
+        Some(self.get(&path).await?.as_array()?.len() as u64)
+    }
+
     /// The node that serves AMQP at `url` (the one a connection to it is
     /// on), from the cluster's listeners (see [`node_listening`]).
     pub async fn node_at(&self, url: &str) -> Option<String> {

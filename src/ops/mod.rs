@@ -4,6 +4,7 @@ pub(crate) mod demo;
 mod demo_receiver;
 pub mod dlq;
 pub mod endpoints;
+pub mod events_status;
 pub(crate) mod local_cluster;
 pub(crate) mod local_node;
 

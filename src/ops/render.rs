@@ -30,6 +30,8 @@ pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     }
     delay_backend(s, out)?;
     endpoints(s, out)?;
+    let events = crate::ops::events_status::line(&s.events);
+    writeln!(out, "events         {events}")?;
     cascade(s, out)
 }
 

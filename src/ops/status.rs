@@ -8,6 +8,7 @@ use lapin::types::FieldTable;
 use serde::Serialize;
 
 use crate::config::{AmqpUrl, BrokerSettings};
+use crate::ops::events_status::{self, EventsStatus};
 use crate::ops::management::{Api, NodeStatus, Placement};
 use crate::topology::Topology;
 
@@ -60,6 +61,8 @@ pub struct Status {
     /// Endpoints by state over the live workers (`endpoint list`'s rows);
     /// `None` when the shared state could not be read.
     pub endpoints: Option<EndpointsStatus>,
+    /// The operational events' exchange and what is bound to it.
+    pub events: EventsStatus,
 }
 
 /// How many endpoints are in each state, and workers reporting.
@@ -122,6 +125,7 @@ pub async fn status(
         }
     }
     probe.close().await;
+    let events = events_status::read(&conn, &t).await?;
     let delay_probes =
         crate::delay::report::summarize(&crate::delay::report::read(&conn, &t).await);
     let mut s = Status {
@@ -140,6 +144,7 @@ pub async fn status(
         plugin_delayed: None,
         cascade,
         cascade_leaders: Default::default(),
+        events,
     };
     if let Some(api) = management_url.and_then(|m| Api::new(m, &broker.url)) {
         s.node = api.node_at(&s.connected).await;
@@ -159,6 +164,7 @@ async fn add_management(s: &mut Status, api: &Api, t: &Topology) {
         q.placement = placed.remove(&q.name);
     }
     s.plugin_delayed = api.u64("exchanges", &t.retry, "messages_delayed").await;
+    events_status::add_management(&mut s.events, api).await;
     for q in &s.cascade {
         let leader = placed.get(&q.queue).and_then(|p| p.leader.clone());
         *s.cascade_leaders

@@ -110,7 +110,7 @@ pub(super) async fn held_back<H>(
         }
         Gate::Disabled { target } => {
             slot.free();
-            dead_letter_disabled(ctx, d, st, &n.id, &target).await
+            dead_letter_disabled(ctx, d, st, n, &target).await
         }
     };
     Some(done)

@@ -11,12 +11,15 @@ use tokio_util::task::TaskTracker;
 use crate::config::WorkerSettings;
 use crate::control::Control;
 use crate::endpoint::Endpoints;
+use crate::events::Emitter;
 use crate::publish::Publisher;
 
 /// What every delivery task of one connection shares.
 pub struct Context<H> {
     pub handler: Arc<H>,
     pub publisher: Publisher,
+    /// Operational events, on the publisher's channels.
+    pub events: Emitter,
     pub settings: WorkerSettings,
     /// Cancelled when the shutdown grace is over: unfinished deliveries are
     /// then nacked back to the queue.

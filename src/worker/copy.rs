@@ -9,18 +9,20 @@ use lapin::types::FieldTable;
 use tracing::{debug, warn};
 
 use super::context::{Context, Done, HttpSpan};
+use super::notify::{self, About};
 use crate::clock::now_ms;
 use crate::endpoint::{defer_delay, DeferReason};
+use crate::message::event::{Event, Last};
 use crate::message::state::{self, AttemptRecord, RetryState};
 use crate::message::target::Target;
-use crate::message::InvalidMessage;
+use crate::message::{InvalidMessage, Notification};
 use crate::policy::{Action, DeadReason, Decision};
 use crate::publish::{republish_properties, PublishError};
 use crate::telemetry::{self, GaugeGuard};
 
-/// Publishes what the decision needs (a retry copy or a dead letter) and
-/// waits for its confirm. The history travels only with a copy; a success
-/// needs none.
+/// Publishes what the decision needs (a retry copy or a dead letter, and
+/// its operational event) and waits for their confirms. The history
+/// travels only with a copy; a success needs none.
 pub(super) async fn copy<H>(
     ctx: &Context<H>,
     d: &Delivery,
@@ -28,15 +30,22 @@ pub(super) async fn copy<H>(
     decision: &Decision,
     record: AttemptRecord<'_>,
     span: HttpSpan,
+    event: Option<Event>,
 ) -> Result<Done, PublishError> {
     let mut headers = || {
         st.record(&record);
         st.to_headers(d.properties.headers().as_ref(), Some(&decision.classified))
     };
     match decision.action {
-        Action::Ack => Ok(Done::Ack(Some(span))),
-        Action::Retry { delay } => retry(ctx, d, headers(), delay).await,
-        Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason)
+        Action::Ack => notify::emit(ctx, event.as_ref())
+            .await
+            .map(|()| Done::Ack(Some(span))),
+        Action::Retry { delay } => {
+            let copy = retry(ctx, d, headers(), delay);
+            let (done, sent) = tokio::join!(copy, notify::emit(ctx, event.as_ref()));
+            sent.and(done)
+        }
+        Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason, event)
             .await
             .map(|()| Done::Ack(None)),
     }
@@ -126,8 +135,21 @@ pub(super) async fn dead_letter_invalid<H>(
     warn!(error = %e, "invalid message; dead-lettering it");
     telemetry::record_invalid();
     let mut headers = d.properties.headers().clone().unwrap_or_default();
-    state::set_last(&mut headers, None, Some(&e.to_string()));
-    dead_letter(ctx, d, headers, DeadReason::Invalid).await
+    let error = e.to_string();
+    state::set_last(&mut headers, None, Some(&error));
+    let id = d.properties.message_id().as_ref().map(|m| m.to_string());
+    let about = About {
+        id: id.as_deref(),
+        url: None,
+        attempt: 0,
+        last: Last {
+            status: None,
+            error: Some(&error),
+        },
+    };
+    let reason = DeadReason::Invalid;
+    let event = notify::build(ctx, d, Some(notify::dead_kind(reason)), about, Some(reason));
+    dead_letter(ctx, d, headers, reason, event).await
 }
 
 /// Dead-letters a notification past its max age without attempting it
@@ -136,16 +158,17 @@ pub(super) async fn dead_letter_expired<H>(
     ctx: &Context<H>,
     d: &Delivery,
     st: &RetryState,
-    id: &str,
+    n: &Notification,
 ) -> Result<Done, PublishError> {
     warn!(
-        id,
+        id = n.id,
         attempts = st.attempts,
         "past its max age; dead-lettering it as expired"
     );
     telemetry::record_expired();
     let headers = st.to_headers(d.properties.headers().as_ref(), None);
-    dead_letter(ctx, d, headers, DeadReason::Expired)
+    let event = unattempted_event(ctx, d, st, n, DeadReason::Expired);
+    dead_letter(ctx, d, headers, DeadReason::Expired, event)
         .await
         .map(|()| Done::Ack(None))
 }
@@ -156,26 +179,54 @@ pub(super) async fn dead_letter_disabled<H>(
     ctx: &Context<H>,
     d: &Delivery,
     st: &RetryState,
-    id: &str,
+    n: &Notification,
     target: &Target,
 ) -> Result<Done, PublishError> {
-    debug!(id, %target, "endpoint disabled; dead-lettering without an attempt");
+    debug!(id = n.id, %target, "endpoint disabled; dead-lettering without an attempt");
     metrics::counter!(telemetry::DELIVERIES, "outcome" => "dead", "reason" => "endpoint-disabled")
         .increment(1);
     let headers = st.to_headers(d.properties.headers().as_ref(), None);
-    dead_letter(ctx, d, headers, DeadReason::EndpointDisabled).await?;
+    let reason = DeadReason::EndpointDisabled;
+    let event = unattempted_event(ctx, d, st, n, reason);
+    dead_letter(ctx, d, headers, reason, event).await?;
     ctx.control.dead_lettered(target);
     Ok(Done::Ack(None))
 }
 
+/// The event of a notification dead-lettered without an attempt now: the
+/// last attempt's outcome is the one its headers carry.
+fn unattempted_event<H>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    st: &RetryState,
+    n: &Notification,
+    reason: DeadReason,
+) -> Option<Event> {
+    let (status, error) = state::last(d.properties.headers().as_ref());
+    let about = About {
+        id: Some(&n.id),
+        url: Some(&n.url),
+        attempt: st.attempts,
+        last: Last {
+            status,
+            error: error.as_deref(),
+        },
+    };
+    notify::build(ctx, d, Some(notify::dead_kind(reason)), about, Some(reason))
+}
+
+/// The dead letter and its event, both confirmed.
 async fn dead_letter<H>(
     ctx: &Context<H>,
     d: &Delivery,
     mut headers: FieldTable,
     reason: DeadReason,
+    event: Option<Event>,
 ) -> Result<(), PublishError> {
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
     let props = republish_properties(&d.properties, headers);
     let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
-    ctx.publisher.dead_letter(&d.data, props).await
+    let copy = ctx.publisher.dead_letter(&d.data, props);
+    let (done, sent) = tokio::join!(copy, notify::emit(ctx, event.as_ref()));
+    done.and(sent)
 }

@@ -24,6 +24,8 @@ pub enum WorkerError {
     Hold(#[from] crate::delay::hold::HoldError),
     #[error("the short-delay holder stopped; reconnecting")]
     HolderStopped,
+    #[error("the events-url relay stopped; reconnecting")]
+    RelayStopped,
     #[error("the delay probe stopped; reconnecting")]
     ProbeStopped,
     #[error("the shared endpoint state: {0}")]

@@ -7,6 +7,7 @@ mod context;
 mod copy;
 mod error;
 mod feed;
+mod notify;
 pub(crate) mod process;
 mod session;
 

@@ -17,6 +17,7 @@ use super::admit::{admit, held_back, Slot};
 use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
+use super::notify;
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
@@ -157,7 +158,7 @@ async fn handle<H: DeliveryHandler>(
     let age = Duration::from_millis(st.age_ms(now_ms()));
     if effective_policy(&ctx.settings, &n).expired(age) {
         slot.free();
-        return dead_letter_expired(ctx, d, &st, &n.id).await;
+        return dead_letter_expired(ctx, d, &st, &n).await;
     }
     if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
         return done;
@@ -238,7 +239,8 @@ async fn attempt<H: DeliveryHandler>(
             _ => None,
         },
     };
-    copy(ctx, d, st, &decision, record, span).await
+    let event = notify::for_attempt(ctx, d, &n, attempt, &decision);
+    copy(ctx, d, st, &decision, record, span, event).await
 }
 
 /// What the attempt came to, for its endpoint's recent activity.

@@ -23,6 +23,7 @@ use crate::delay::hold::Holder;
 use crate::delay::probe::{Prober, Watch};
 use crate::deliver::DeliveryHandler;
 use crate::endpoint::Endpoints;
+use crate::events::{relay, Emitter};
 use crate::publish::Publisher;
 use crate::telemetry;
 use crate::topology::Topology;
@@ -73,6 +74,32 @@ pub(super) struct Session<H> {
     hold_failed: CancellationToken,
     /// Cancelled when the delay probe ends before the session.
     probe_failed: CancellationToken,
+    /// Cancelled when the `--events-url` relay ends before the session.
+    relay_failed: CancellationToken,
+}
+
+/// What the session's deliveries share.
+fn context<H>(
+    handler: &Arc<H>,
+    (publisher, events): (Publisher, Emitter),
+    settings: &WorkerSettings,
+    hard_stop: CancellationToken,
+    shared: &Shared,
+    tracker: &TaskTracker,
+) -> Arc<Context<H>> {
+    Arc::new(Context {
+        handler: handler.clone(),
+        publisher,
+        events,
+        settings: settings.clone(),
+        hard_stop,
+        broken: CancellationToken::new(),
+        slots: shared.slots.clone(),
+        endpoints: shared.endpoints.clone(),
+        control: shared.control.clone(),
+        slot_wanted: shared.slot_wanted.clone(),
+        tracker: tracker.clone(),
+    })
 }
 
 impl<H: DeliveryHandler> Session<H> {
@@ -92,6 +119,7 @@ impl<H: DeliveryHandler> Session<H> {
         // cascade that the first retry is routed to.
         let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
         let publisher = open_publisher(conn, broker, &topology, settings, shared).await?;
+        let events = Emitter::new(&publisher, &topology, &settings.ops_events);
         let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
         // Should a later step fail, the helpers started so far stop.
         let stop_helpers = helpers.clone().drop_guard();
@@ -100,7 +128,7 @@ impl<H: DeliveryHandler> Session<H> {
         let endpoints = shared.endpoints.clone();
         shared
             .control
-            .attach(conn, &topology, endpoints, &helpers)
+            .attach(conn, &topology, endpoints, &events, &helpers)
             .await?;
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
@@ -112,22 +140,19 @@ impl<H: DeliveryHandler> Session<H> {
             start_holder(conn, broker, settings, &topology, &publisher, stops).await?;
         info!(queue = %topology.work, concurrency = settings.concurrency, broker = %node, "consuming");
         let lost = start_watches(conn, &topology, settings, &helpers).await?;
+        let relay_failed = relay::start(conn, &events, helpers.clone()).await?;
         let probe_failed = match prober {
-            Some(p) => p.spawn(helpers.clone()),
+            Some(p) => p.spawn(helpers.clone(), events.clone()),
             None => CancellationToken::new(),
         };
-        let ctx = Arc::new(Context {
-            handler: handler.clone(),
-            publisher,
-            settings: settings.clone(),
+        let ctx = context(
+            handler,
+            (publisher, events),
+            settings,
             hard_stop,
-            broken: CancellationToken::new(),
-            slots: shared.slots.clone(),
-            endpoints: shared.endpoints.clone(),
-            control: shared.control.clone(),
-            slot_wanted: shared.slot_wanted.clone(),
-            tracker: tracker.clone(),
-        });
+            shared,
+            &tracker,
+        );
         stop_helpers.disarm();
         Ok(Session {
             ctx,
@@ -137,6 +162,7 @@ impl<H: DeliveryHandler> Session<H> {
             lost,
             hold_failed,
             probe_failed,
+            relay_failed,
         })
     }
 
@@ -154,6 +180,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.lost.cancelled() => return Err(WorkerError::ConnectionLost),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
+                _ = self.relay_failed.cancelled() => return Err(WorkerError::RelayStopped),
                 p = async {
                     let place = self.ctx.endpoints.place().await;
                     (place, slots.clone().acquire_owned().await)
@@ -173,6 +200,7 @@ impl<H: DeliveryHandler> Session<H> {
                 _ = self.ctx.broken.cancelled() => return Err(WorkerError::RepublishFailing),
                 _ = self.hold_failed.cancelled() => return Err(WorkerError::HolderStopped),
                 _ = self.probe_failed.cancelled() => return Err(WorkerError::ProbeStopped),
+                _ = self.relay_failed.cancelled() => return Err(WorkerError::RelayStopped),
                 // A parked delivery needs a slot and all are taken: give
                 // this idle one back (it is first in line) and take another.
                 _ = self.ctx.slot_wanted.notified() => continue,

@@ -210,6 +210,15 @@ pub(super) async fn drain(url: &str, queue: &str) -> Vec<DeadLetter> {
     out
 }
 
+/// The bodies [`drain`] takes.
+pub async fn drain_url(url: &str, queue: &str) -> Vec<Vec<u8>> {
+    drain(url, queue)
+        .await
+        .into_iter()
+        .map(|d| d.body)
+        .collect()
+}
+
 /// Messages and consumers of a queue (passive declare), or `None` when it
 /// does not exist.
 pub(super) async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {

@@ -167,6 +167,7 @@ pub mod cluster;
 pub mod dead_letters;
 pub mod delayed;
 pub mod endpoints;
+pub mod events;
 pub mod harness;
 pub mod metrics;
 pub mod process;

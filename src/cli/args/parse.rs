@@ -43,3 +43,12 @@ pub(super) fn duration_or_off(s: &str) -> Result<OrOff, String> {
         _ => positive_duration(s).map(|d| OrOff(Some(d))),
     }
 }
+
+/// An http(s) URL with a host, as a notification's `url` must be.
+pub fn http_url(s: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(s.trim()).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        return Err(format!("{s:?}: give an http or https URL with a host"));
+    }
+    Ok(u)
+}

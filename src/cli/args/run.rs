@@ -98,6 +98,29 @@ pub struct RunArgs {
     pub shutdown_grace: Duration,
     #[command(flatten)]
     pub endpoint: EndpointArgs,
+    #[command(flatten)]
+    pub events: Box<EventArgs>,
+}
+
+/// Operational events (docs/operations.md, "Operational events"). Every
+/// event goes to the topic exchange <prefix>.events, routed by its type;
+/// bind a queue to it to consume them.
+#[derive(Debug, Args, Clone)]
+pub struct EventArgs {
+    /// Also deliver every event as a notification to this URL, signed,
+    /// retried and dead-lettered like any other (events about its own
+    /// deliveries are never made). Give every worker of a prefix the same.
+    #[arg(long, env = "REDELIVER_EVENTS_URL", value_name = "URL", value_parser = super::parse::http_url)]
+    pub events_url: Option<url::Url>,
+    /// Which event types go to --events-url: names or families, e.g.
+    /// notification.exhausted,endpoint.* [default: all]
+    #[arg(long, env = "REDELIVER_EVENTS_TYPES", value_delimiter = ',', value_name = "TYPES", value_parser = crate::config::parse_type_pattern, requires = "events_url")]
+    pub events_types: Vec<String>,
+    /// Send notification.failing after this many failed attempts of one
+    /// notification (and notification.recovered on a success after it).
+    /// 0: never.
+    #[arg(long, env = "REDELIVER_FAILING_AFTER", default_value_t = crate::config::DEFAULT_FAILING_AFTER)]
+    pub failing_after: u32,
 }
 
 /// Per-endpoint isolation (an endpoint is a URL's scheme, host and port;

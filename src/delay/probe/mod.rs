@@ -40,6 +40,7 @@ use tracing::{debug, warn};
 
 use crate::config::{BrokerSettings, DelayBackend};
 use crate::delay::cascade;
+use crate::events::{lease, Emitter};
 use crate::message::state::{self, H_DELAY};
 use crate::topology::{Topology, TopologyError};
 
@@ -143,11 +144,12 @@ impl Prober {
     /// Runs the probe until `stop`. The token returned is cancelled if it
     /// ends before that (its channel closed, its queue deleted): a worker
     /// that no longer probes must not look fine, so the session reconnects.
-    pub fn spawn(self, stop: CancellationToken) -> CancellationToken {
+    /// Stalls and recoveries are also published as operational `events`.
+    pub fn spawn(self, stop: CancellationToken, events: Emitter) -> CancellationToken {
         let failed = CancellationToken::new();
         let f = failed.clone();
         tokio::spawn(async move {
-            let stopped = self.run(stop.clone()).await;
+            let stopped = self.run(stop.clone(), events).await;
             if !stop.is_cancelled() {
                 warn!(reason = stopped, "the delay probe stopped");
                 f.cancel();
@@ -157,7 +159,7 @@ impl Prober {
     }
 
     /// Returns why it ended.
-    async fn run(mut self, stop: CancellationToken) -> &'static str {
+    async fn run(mut self, stop: CancellationToken, events: Emitter) -> &'static str {
         let every = self.watch.settings().every.unwrap_or(Duration::MAX);
         let mut send = tokio::time::interval(every);
         send.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -169,6 +171,7 @@ impl Prober {
                 _ = send.tick() => self.send_all().await,
                 _ = check.tick() => {
                     for change in self.watch.check() {
+                        self.announce(&change, &events);
                         self.changed(change).await;
                     }
                 }
@@ -177,7 +180,7 @@ impl Prober {
                     self.report().await;
                 }
                 d = self.consumer.next() => match d {
-                    Some(Ok(d)) => self.back(&d).await,
+                    Some(Ok(d)) => self.back(&d, &events).await,
                     Some(Err(_)) => break "its channel failed",
                     None => break "its consumer was cancelled (was its queue deleted?)",
                 },
@@ -250,7 +253,7 @@ impl Prober {
             .map(|_| ())
     }
 
-    async fn back(&mut self, d: &Delivery) {
+    async fn back(&mut self, d: &Delivery, events: &Emitter) {
         let headers = d.properties.headers().as_ref();
         let seq = state::get(headers, H_SEQ).and_then(state::int);
         let name = state::get(headers, H_BACKEND).and_then(state::string);
@@ -261,8 +264,30 @@ impl Prober {
             return;
         };
         if let Some(change) = self.watch.back(backend, seq) {
+            self.announce(&change, events);
             self.changed(change).await;
         }
+    }
+
+    /// Publishes a stall or its end as an operational event, once for the
+    /// prefix ([`crate::events::lease`]), in the background: the probe
+    /// goes on meanwhile.
+    fn announce(&self, change: &watch::Event, events: &Emitter) {
+        let (conn, events, backend) = (self.conn.clone(), events.clone(), change.backend);
+        let name = backend.as_str();
+        match change.change {
+            book::Change::Stalled { sent, .. } => tokio::spawn(async move {
+                if let Err(e) = lease::stalled(&conn, &events, name, sent).await {
+                    warn!(error = %e, backend = name, "the delay-backend.stalled event was not sent");
+                }
+            }),
+            book::Change::Cleared { .. } => tokio::spawn(async move {
+                if let Err(e) = lease::recovered(&conn, &events, name).await {
+                    warn!(error = %e, backend = name, "the delay-backend.recovered event was not sent");
+                }
+            }),
+            _ => return,
+        };
     }
 
     /// Logs, gauges and reports a change, and fails over or back.

@@ -42,8 +42,8 @@ pub struct Watch {
 
 /// One backend's change.
 pub(super) struct Event {
-    backend: DelayBackend,
-    change: Change,
+    pub(super) backend: DelayBackend,
+    pub(super) change: Change,
 }
 
 /// What a change asks of failover.

@@ -147,6 +147,7 @@ pub async fn change(
         let state = book.get(target).map_or("active", |k| k.control.name(now));
         return Err(EndpointError::Conflict(target.to_string(), state.into()));
     }
+    announce(&conn, &t, broker, &book, &record).await;
     // Writers keep the stream's snapshots, workers or not; a snapshot
     // that cannot be written (too large?) must not stop a change.
     if snapshot_due {
@@ -172,6 +173,48 @@ pub async fn change(
         still_under,
         record,
     })
+}
+
+/// Publishes the change's operational event (`endpoint.paused`, ...),
+/// confirmed; tried three times, then the change stands without it (said
+/// on stderr: the change itself is made and read back).
+async fn announce(
+    conn: &Connection,
+    t: &Topology,
+    broker: &BrokerSettings,
+    book: &Book,
+    r: &Record,
+) {
+    let Some(e) = crate::control::Control::announce(&t.prefix, book, r) else {
+        return;
+    };
+    let mut last = None;
+    for _ in 0..3 {
+        match emit(conn, t, broker, &e).await {
+            Ok(()) => return,
+            Err(err) => last = Some(err),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if let Some(err) = last {
+        tracing::warn!(error = %err, event = e.kind.as_str(), "the change is made, but its event was not published");
+    }
+}
+
+async fn emit(
+    conn: &Connection,
+    t: &Topology,
+    broker: &BrokerSettings,
+    e: &crate::message::event::Event,
+) -> anyhow::Result<()> {
+    let ch = conn.create_channel().await?;
+    let declared = t.declare_events(&ch).await;
+    let _ = ch.close(200, "declared".into()).await;
+    declared?;
+    let timeout = Duration::from_secs(30);
+    let publisher = crate::publish::Publisher::new(conn, t.clone(), broker.delay, timeout).await?;
+    let events = crate::events::Emitter::new(&publisher, t, &Default::default());
+    Ok(events.emit(e).await?)
 }
 
 async fn connect(broker: &BrokerSettings) -> Result<(Connection, Topology), EndpointError> {
