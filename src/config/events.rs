@@ -35,14 +35,30 @@ impl Default for EventSettings {
 impl EventSettings {
     /// Whether an event of `kind` is delivered to the events URL.
     pub fn to_url(&self, kind: Kind) -> bool {
-        self.url.is_some() && (self.types.is_empty() || self.types.iter().any(|p| kind.matches(p)))
+        self.name_to_url(kind.as_str())
+    }
+
+    /// [`EventSettings::to_url`] by the type's name (a newer build's too).
+    pub fn name_to_url(&self, name: &str) -> bool {
+        let picked = self.types.is_empty() || self.types.iter().any(|p| type_matches(name, p));
+        self.url.is_some() && picked
+    }
+}
+
+/// Whether `pattern` names the type `name`: the type itself, `family.*`
+/// (`notification.*`, `endpoint.*`, `delay-backend.*`) or `*`.
+pub fn type_matches(name: &str, pattern: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some("") => true,
+        Some(family) => family.ends_with('.') && name.starts_with(family),
+        None => name == pattern,
     }
 }
 
 /// Checks one `--events-types` entry: a type, `family.*` or `*`.
 pub fn parse_type_pattern(text: &str) -> Result<String, String> {
     let t = text.trim();
-    if Kind::ALL.iter().any(|k| k.matches(t)) {
+    if Kind::ALL.iter().any(|k| type_matches(k.as_str(), t)) {
         return Ok(t.to_string());
     }
     let names: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
@@ -68,6 +84,20 @@ mod tests {
         s.types = vec!["notification.exhausted".into(), "endpoint.*".into()];
         assert!(s.to_url(Kind::Exhausted) && s.to_url(Kind::Disabled));
         assert!(!s.to_url(Kind::Failing) && !s.to_url(Kind::DelayStalled));
+    }
+
+    #[test]
+    fn patterns_name_a_type_a_family_or_all() {
+        assert!(type_matches(
+            "notification.exhausted",
+            "notification.exhausted"
+        ));
+        assert!(type_matches("notification.exhausted", "notification.*"));
+        assert!(type_matches("notification.exhausted", "*"));
+        assert!(!type_matches("notification.exhausted", "endpoint.*"));
+        assert!(!type_matches("notification.exhausted", "notification"));
+        assert!(!type_matches("notification.exhausted", "notif*"));
+        assert!(type_matches("delay-backend.stalled", "delay-backend.*"));
     }
 
     #[test]

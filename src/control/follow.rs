@@ -202,8 +202,14 @@ impl Tasks {
             let Some(w) = writer.as_ref() else {
                 return Some(r);
             };
+            let change = super::announce::event(self.events.prefix(), r).is_some();
+            if change {
+                lock(&self.shared.written).push(r.clone());
+            }
             if let Err(e) = w.append(r).await {
                 warn!(error = %e, "a record for the endpoint-state stream was not confirmed; planning again next tick");
+                // Unconfirmed, it may still be in the stream: `apply` or
+                // `install` finds out, the planner plans it again if not.
                 *writer = None;
                 return Some(r);
             }

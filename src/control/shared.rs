@@ -37,6 +37,10 @@ pub(super) struct Shared {
     /// Changes this worker wrote that took effect, whose events are still
     /// to be published (by the tick, `follow.rs`).
     pub(super) to_announce: Mutex<Vec<Record>>,
+    /// Changes this worker is writing or wrote, not yet read back: a
+    /// reader opened afresh meanwhile (`install`) may take them in
+    /// without `apply`, and their events must not be lost with it.
+    pub(super) written: Mutex<Vec<Record>>,
 }
 
 /// What this worker held back for one paused or disabled target.
@@ -59,6 +63,7 @@ impl Shared {
             carry: Mutex::new(Carry::default()),
             held: Mutex::new(HashMap::new()),
             to_announce: Mutex::new(Vec::new()),
+            written: Mutex::new(Vec::new()),
         }
     }
 
@@ -84,6 +89,15 @@ impl Shared {
 
     /// Replaces the whole state (a new connection read it afresh).
     pub(super) fn install(&self, book: Book) {
+        // What this worker wrote is in the book, or comes after it.
+        let mut announce = lock(&self.to_announce);
+        for r in lock(&self.written).drain(..) {
+            let queued = announce.iter().any(|a| a.id == r.id);
+            if !queued && super::announce::took(&book, &r) {
+                announce.push(r);
+            }
+        }
+        drop(announce);
         let table = Table::build(&book, now_ms());
         *lock(&self.book) = book;
         self.set_table(table);
@@ -100,6 +114,9 @@ impl Shared {
     pub(super) fn apply(&self, offset: u64, r: Record) {
         let mut book = lock(&self.book);
         let mine = (r.by == self.me).then(|| r.clone());
+        if mine.is_some() {
+            lock(&self.written).retain(|w| w.id != r.id);
+        }
         if book.apply(offset, r) == Applied::Control {
             self.set_table(Table::build(&book, now_ms()));
             if let Some(r) = mine.filter(|r| super::announce::took(&book, r)) {

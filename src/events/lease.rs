@@ -42,6 +42,62 @@ pub enum LeaseError {
     Timeout(Duration),
 }
 
+/// What a worker's probe saw of a backend.
+#[derive(Clone, Copy, Debug)]
+pub enum News {
+    /// It stalled: the probe sent at this time did not come back.
+    Stalled(SystemTime),
+    /// Its probes come back (after a stall, or the first one).
+    Routing,
+}
+
+/// Tries to send a recovery this often before the next news.
+const RECOVERY_TRIES: u32 = 5;
+
+/// One worker's announcer: [`stalled`] and [`recovered`] in the order the
+/// probe saw them, one at a time (a short stall's recovery must not take
+/// the lease before its stall's token is in).
+#[derive(Clone)]
+pub struct Announcer(tokio::sync::mpsc::UnboundedSender<(&'static str, News)>);
+
+impl Announcer {
+    pub fn send(&self, backend: &'static str, news: News) {
+        let _ = self.0.send((backend, news));
+    }
+}
+
+/// Starts an announcer; it ends when its last [`Announcer`] is dropped.
+pub fn announcer(conn: std::sync::Arc<Connection>, events: Emitter) -> Announcer {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((backend, news)) = rx.recv().await {
+            match news {
+                News::Stalled(since) => {
+                    if let Err(e) = stalled(&conn, &events, backend, since).await {
+                        warn!(error = %e, backend, "the delay-backend.stalled event was not sent");
+                    }
+                }
+                News::Routing => announce_recovery(&conn, &events, backend).await,
+            }
+        }
+    });
+    Announcer(tx)
+}
+
+/// [`recovered`], tried again a few times: a token left behind would keep
+/// the next stall from being reported.
+async fn announce_recovery(conn: &Connection, events: &Emitter, backend: &str) {
+    for i in 1..=RECOVERY_TRIES {
+        match recovered(conn, events, backend).await {
+            Ok(_) => return,
+            Err(e) if i == RECOVERY_TRIES => {
+                warn!(error = %e, backend, "the delay-backend.recovered event was not sent")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
+        }
+    }
+}
+
 /// Reports the stall of `backend` that began at `since`, unless another
 /// worker did. Returns whether this one did.
 pub async fn stalled(
@@ -111,6 +167,12 @@ pub async fn recovered(
     let sent = events.emit(&e).await;
     if sent.is_ok() {
         msg.ack(BasicAckOptions::default()).await?;
+        // A second worker's token, let in while this one was unacked
+        // (the length limit counts ready messages): the same stall.
+        let opts = BasicGetOptions { no_ack: true };
+        while let Ok(Ok(Some(_))) =
+            tokio::time::timeout(TIMEOUT, ch.basic_get(queue.as_str().into(), opts)).await
+        {}
     }
     let _ = ch.close(200, "stall over".into()).await;
     sent?;

@@ -8,7 +8,9 @@
 //!
 //! Every event (a command's included) thus reaches the URL through one
 //! path, once per prefix however many workers relay. Give every worker of
-//! a prefix the same `--events-url`: they share the queue.
+//! a prefix the same `--events-url` and `--events-types`: they share the
+//! queue, and each relays only the types it was given (the others are
+//! acked and dropped).
 
 use std::time::Duration;
 
@@ -27,9 +29,8 @@ use url::Url;
 
 use super::{properties, H_EVENT};
 use crate::config::EventSettings;
-use crate::message::event::Kind;
 use crate::message::target::Target;
-use crate::publish::{PublishError, Publisher};
+use crate::publish::Publisher;
 use crate::topology::Topology;
 
 /// Events relayed at once: each waits for its publish's confirm.
@@ -37,7 +38,8 @@ const PREFETCH: u16 = 64;
 /// A relay queue nobody consumed for this long is deleted by the broker:
 /// a prefix whose workers lost `--events-url` does not pile events up.
 const UNUSED_FOR: Duration = Duration::from_secs(7 * 86_400);
-/// After a failed publish, the event goes back after this.
+/// After a failed publish, it is tried again after this, doubling up to
+/// 30 s.
 const BACKOFF: Duration = Duration::from_secs(1);
 
 /// The queue's name.
@@ -107,6 +109,10 @@ async fn declare(ch: &Channel, t: &Topology, types: &[String]) -> Result<(), lap
         "x-expires".into(),
         AMQPValue::LongLongInt(UNUSED_FOR.as_millis() as i64),
     );
+    // x-delivery-limit: RabbitMQ 4.x drops a quorum queue's message
+    // returned 20 times by default; an event must not be lost for being
+    // returned (a worker's crash, a relay that stops) too often.
+    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(1_000_000));
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
@@ -173,35 +179,30 @@ impl Relay {
     }
 
     /// Relays one event (or drops what is not one, or not for the URL),
-    /// then acks it; requeues it when the publish failed.
+    /// then acks it. A publish that fails is tried again, here, until it
+    /// works or the session stops (the event then goes back to the queue
+    /// with the channel): never nacked, so never counted as returned.
     async fn one(&self, d: Delivery, stop: CancellationToken) {
-        let sent = match self.notification(&d.data) {
-            Some((n, id, kind)) => {
-                let mut h = FieldTable::default();
-                h.insert(H_EVENT.into(), AMQPValue::LongString(kind.as_str().into()));
-                let props = properties(&id, &kind, h);
-                // Mandatory: an intake routed nowhere is an error.
+        if let Some((n, id, kind)) = self.notification(&d.data) {
+            let mut h = FieldTable::default();
+            h.insert(H_EVENT.into(), AMQPValue::LongString(kind.as_str().into()));
+            let props = properties(&id, &kind, h);
+            let mut wait = BACKOFF;
+            // Mandatory: an intake routed nowhere is an error.
+            let publish = || {
                 self.publisher
-                    .confirmed(&self.intake, "", true, &n, props)
-                    .await
+                    .confirmed(&self.intake, "", true, &n, props.clone())
+            };
+            while let Err(e) = publish().await {
+                warn!(error = %e, retry_in = ?wait, "an event was not relayed to the events URL; trying again");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => return,
+                }
+                wait = (wait * 2).min(Duration::from_secs(30));
             }
-            None => Ok(()),
-        };
-        match sent {
-            Ok(()) => {
-                let _ = d.ack(BasicAckOptions::default()).await;
-            }
-            Err(e) => self.later(d, e, stop).await,
         }
-    }
-
-    async fn later(&self, d: Delivery, e: PublishError, stop: CancellationToken) {
-        warn!(error = %e, "an event was not relayed to the events URL; trying again");
-        tokio::select! {
-            _ = tokio::time::sleep(BACKOFF) => {}
-            _ = stop.cancelled() => {}
-        }
-        let _ = d.nack(crate::amqp::requeue()).await;
+        let _ = d.ack(BasicAckOptions::default()).await;
     }
 
     /// The notification for an event, with its id and type; `None` for
@@ -209,12 +210,13 @@ impl Relay {
     /// events URL's own endpoint.
     fn notification(&self, payload: &[u8]) -> Option<(Vec<u8>, String, String)> {
         let head: Head = serde_json::from_slice(payload).ok()?;
-        let kind = Kind::ALL.into_iter().find(|k| k.as_str() == head.kind)?;
-        if !self.settings.to_url(kind) {
+        // By name, not by this build's types: a newer build's event is
+        // relayed as well.
+        if !self.settings.name_to_url(&head.kind) {
             return None;
         }
         let endpoint = head.data.and_then(|d| d.endpoint);
-        if kind.as_str().starts_with("endpoint.")
+        if head.kind.starts_with("endpoint.")
             && endpoint.is_some_and(|e| Target::parse(&e).is_ok_and(|t| t.matches(&self.url)))
         {
             return None;

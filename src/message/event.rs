@@ -61,17 +61,6 @@ impl Kind {
             Kind::DelayRecovered => "delay-backend.recovered",
         }
     }
-
-    /// Whether `pattern` names this type: the type itself, `family.*`
-    /// (`notification.*`, `endpoint.*`, `delay-backend.*`) or `*`.
-    pub fn matches(self, pattern: &str) -> bool {
-        let name = self.as_str();
-        match pattern.strip_suffix('*') {
-            Some("") => true,
-            Some(family) => family.ends_with('.') && name.starts_with(family),
-            None => name == pattern,
-        }
-    }
 }
 
 impl Serialize for Kind {
@@ -161,31 +150,39 @@ pub struct Last<'a> {
     pub error: Option<&'a str>,
 }
 
-/// A `notification.*` event. `id` is the notification's id, when it could
-/// be read; `stable` otherwise names it (the message's bytes).
-pub fn notification(
-    kind: Kind,
-    prefix: &str,
-    id: Option<&str>,
-    url: Option<&Url>,
-    attempt: u32,
-    last: Last<'_>,
-    reason: Option<&str>,
-) -> Event {
-    let seed = format!("{}\n{attempt}", id.unwrap_or(""));
+/// What a `notification.*` event is about.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Subject<'a> {
+    /// The notification's id, when it could be read.
+    pub id: Option<&'a str>,
+    pub url: Option<&'a Url>,
+    /// Attempts made so far.
+    pub attempt: u32,
+    pub last: Last<'a>,
+    /// What tells this run of the notification from another with the same
+    /// id and attempt (a replay from the dead-letter queue starts counting
+    /// again): when its previous attempt was made, from its history; or,
+    /// for a message that could not be read, its bytes.
+    pub run: &'a [u8],
+}
+
+/// A `notification.*` event.
+pub fn notification(kind: Kind, prefix: &str, s: Subject<'_>, reason: Option<&str>) -> Event {
+    let mut seed = format!("{}\n{}\n", s.id.unwrap_or(""), s.attempt).into_bytes();
+    seed.extend_from_slice(s.run);
     Event {
         v: SCHEMA_VERSION,
-        id: event_id(prefix, kind, seed.as_bytes()),
+        id: event_id(prefix, kind, &seed),
         kind,
         time: rfc3339_ms(SystemTime::now()),
         prefix: prefix.to_string(),
         data: Data::Notification(NotificationData {
-            notification_id: id.map(str::to_string),
-            webhook_id: id.map(str::to_string),
-            endpoint: url.and_then(Target::origin_of).map(|t| t.to_string()),
-            attempt,
-            status: last.status,
-            error: last.error.map(str::to_string),
+            notification_id: s.id.map(str::to_string),
+            webhook_id: s.id.map(str::to_string),
+            endpoint: s.url.and_then(Target::origin_of).map(|t| t.to_string()),
+            attempt: s.attempt,
+            status: s.last.status,
+            error: s.last.error.map(str::to_string),
             reason: reason.map(str::to_string),
         }),
     }
@@ -243,9 +240,11 @@ fn event_id(prefix: &str, kind: Kind, seed: &[u8]) -> String {
     )
 }
 
-/// RFC 3339 in UTC with milliseconds.
+/// RFC 3339 in UTC with milliseconds, within years 1970 to 9999 (the
+/// format has four digits for the year).
 pub fn rfc3339_ms(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t.max(UNIX_EPOCH)).to_string()
+    let latest = UNIX_EPOCH + Duration::from_secs(253_402_300_799);
+    humantime::format_rfc3339_millis(t.clamp(UNIX_EPOCH, latest)).to_string()
 }
 
 #[cfg(test)]

@@ -119,6 +119,15 @@ impl RetryState {
         }
     }
 
+    /// When the last attempt in the history was made: with the id and the
+    /// attempt count, it tells one run of a notification from a replay's.
+    pub fn last_attempt_at(&self) -> Option<i64> {
+        match self.history.last()? {
+            AMQPValue::FieldTable(e) => e.inner().get("at").and_then(int),
+            _ => None,
+        }
+    }
+
     /// Adds one attempt to the state.
     pub fn record(&mut self, r: &AttemptRecord<'_>) {
         self.attempts = r.attempt;

@@ -9,10 +9,10 @@ use lapin::types::FieldTable;
 use tracing::{debug, warn};
 
 use super::context::{Context, Done, HttpSpan};
-use super::notify::{self, About};
+use super::notify;
 use crate::clock::now_ms;
 use crate::endpoint::{defer_delay, DeferReason};
-use crate::message::event::{Event, Last};
+use crate::message::event::{Event, Last, Subject};
 use crate::message::state::{self, AttemptRecord, RetryState};
 use crate::message::target::Target;
 use crate::message::{InvalidMessage, Notification};
@@ -20,8 +20,8 @@ use crate::policy::{Action, DeadReason, Decision};
 use crate::publish::{republish_properties, PublishError};
 use crate::telemetry::{self, GaugeGuard};
 
-/// Publishes what the decision needs (a retry copy or a dead letter, and
-/// its operational event) and waits for their confirms. The history
+/// Publishes what the decision needs (its operational event, then a retry
+/// copy or a dead letter) and waits for each confirm. The history
 /// travels only with a copy; a success needs none.
 pub(super) async fn copy<H>(
     ctx: &Context<H>,
@@ -40,10 +40,12 @@ pub(super) async fn copy<H>(
         Action::Ack => notify::emit(ctx, event.as_ref())
             .await
             .map(|()| Done::Ack(Some(span))),
+        // The event first: should it fail, the original goes back with no
+        // copy made (a second retry chain); should the copy fail after it,
+        // the event is published again with the same id.
         Action::Retry { delay } => {
-            let copy = retry(ctx, d, headers(), delay);
-            let (done, sent) = tokio::join!(copy, notify::emit(ctx, event.as_ref()));
-            sent.and(done)
+            notify::emit(ctx, event.as_ref()).await?;
+            retry(ctx, d, headers(), delay).await
         }
         Action::DeadLetter { reason } => dead_letter(ctx, d, headers(), reason, event)
             .await
@@ -138,7 +140,7 @@ pub(super) async fn dead_letter_invalid<H>(
     let error = e.to_string();
     state::set_last(&mut headers, None, Some(&error));
     let id = d.properties.message_id().as_ref().map(|m| m.to_string());
-    let about = About {
+    let about = Subject {
         id: id.as_deref(),
         url: None,
         attempt: 0,
@@ -146,6 +148,8 @@ pub(super) async fn dead_letter_invalid<H>(
             status: None,
             error: Some(&error),
         },
+        // Its bytes tell it from another invalid message with no id.
+        run: &d.data,
     };
     let reason = DeadReason::Invalid;
     let event = notify::build(ctx, d, Some(notify::dead_kind(reason)), about, Some(reason));
@@ -203,7 +207,8 @@ fn unattempted_event<H>(
     reason: DeadReason,
 ) -> Option<Event> {
     let (status, error) = state::last(d.properties.headers().as_ref());
-    let about = About {
+    let run = notify::run_of(st);
+    let about = Subject {
         id: Some(&n.id),
         url: Some(&n.url),
         attempt: st.attempts,
@@ -211,11 +216,12 @@ fn unattempted_event<H>(
             status,
             error: error.as_deref(),
         },
+        run: run.as_bytes(),
     };
     notify::build(ctx, d, Some(notify::dead_kind(reason)), about, Some(reason))
 }
 
-/// The dead letter and its event, both confirmed.
+/// The event, then the dead letter, each confirmed.
 async fn dead_letter<H>(
     ctx: &Context<H>,
     d: &Delivery,
@@ -226,7 +232,7 @@ async fn dead_letter<H>(
     state::mark_dead(&mut headers, reason.as_str(), now_ms());
     let props = republish_properties(&d.properties, headers);
     let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
-    let copy = ctx.publisher.dead_letter(&d.data, props);
-    let (done, sent) = tokio::join!(copy, notify::emit(ctx, event.as_ref()));
-    done.and(sent)
+    // The event first, for the reason given at the retry in `copy`.
+    notify::emit(ctx, event.as_ref()).await?;
+    ctx.publisher.dead_letter(&d.data, props).await
 }

@@ -1,13 +1,13 @@
 //! Which outcome of a delivery gets an operational event ([`kind`], pure),
-//! and the event itself. The event is published beside the outcome's copy
+//! and the event itself. The event is published before the outcome's copy
 //! and confirmed before the original's ack (`copy.rs`), so an exhausted
 //! notification never leaves the work queue without its event.
 
 use lapin::message::Delivery;
-use url::Url;
 
 use super::context::Context;
-use crate::message::event::{self, Event, Kind, Last};
+use crate::message::event::{self, Event, Kind, Last, Subject};
+use crate::message::state::RetryState;
 use crate::message::Notification;
 use crate::policy::{Action, DeadReason, Decision};
 use crate::publish::PublishError;
@@ -38,39 +38,28 @@ pub(super) fn dead_kind(reason: DeadReason) -> Kind {
     }
 }
 
-/// What an event about one notification says.
-pub(super) struct About<'a> {
-    pub id: Option<&'a str>,
-    pub url: Option<&'a Url>,
-    /// Attempts made so far.
-    pub attempt: u32,
-    pub last: Last<'a>,
-}
-
 /// The event for `kind`, unless the delivery carries an event itself.
 pub(super) fn build<H>(
     ctx: &Context<H>,
     d: &Delivery,
     kind: Option<Kind>,
-    about: About<'_>,
+    about: Subject<'_>,
     reason: Option<DeadReason>,
 ) -> Option<Event> {
     let kind = kind?;
-    if ctx
-        .events
-        .is_event_delivery(about.url, d.properties.headers().as_ref())
-    {
+    let headers = d.properties.headers().as_ref();
+    if ctx.events.is_event_delivery(about.url, headers) {
         return None;
     }
-    Some(event::notification(
-        kind,
-        ctx.events.prefix(),
-        about.id,
-        about.url,
-        about.attempt,
-        about.last,
-        reason.map(DeadReason::as_str),
-    ))
+    let (prefix, reason) = (ctx.events.prefix(), reason.map(DeadReason::as_str));
+    Some(event::notification(kind, prefix, about, reason))
+}
+
+/// [`Subject::run`] for a notification with this state: when its last
+/// attempt before this one was made.
+pub(super) fn run_of(st: &RetryState) -> String {
+    st.last_attempt_at()
+        .map_or(String::new(), |t| t.to_string())
 }
 
 /// The event for an attempt's decision, if it gets one.
@@ -78,9 +67,10 @@ pub(super) fn for_attempt<H>(
     ctx: &Context<H>,
     d: &Delivery,
     n: &Notification,
-    attempt: u32,
+    st: &RetryState,
     decision: &Decision,
 ) -> Option<Event> {
+    let attempt = st.attempts.saturating_add(1);
     let failing_after = ctx.settings.ops_events.failing_after;
     let kind = kind(&decision.action, attempt, failing_after);
     let reason = match decision.action {
@@ -88,7 +78,8 @@ pub(super) fn for_attempt<H>(
         _ => None,
     };
     let c = &decision.classified;
-    let about = About {
+    let run = run_of(st);
+    let about = Subject {
         id: Some(&n.id),
         url: Some(&n.url),
         attempt,
@@ -96,6 +87,7 @@ pub(super) fn for_attempt<H>(
             status: c.status,
             error: c.error.as_deref(),
         },
+        run: run.as_bytes(),
     };
     build(ctx, d, kind, about, reason)
 }

@@ -239,7 +239,7 @@ async fn attempt<H: DeliveryHandler>(
             _ => None,
         },
     };
-    let event = notify::for_attempt(ctx, d, &n, attempt, &decision);
+    let event = notify::for_attempt(ctx, d, &n, &st, &decision);
     copy(ctx, d, st, &decision, record, span, event).await
 }
 

@@ -40,7 +40,8 @@ use tracing::{debug, warn};
 
 use crate::config::{BrokerSettings, DelayBackend};
 use crate::delay::cascade;
-use crate::events::{lease, Emitter};
+use crate::events::lease::{self, Announcer, News};
+use crate::events::Emitter;
 use crate::message::state::{self, H_DELAY};
 use crate::topology::{Topology, TopologyError};
 
@@ -160,6 +161,7 @@ impl Prober {
 
     /// Returns why it ended.
     async fn run(mut self, stop: CancellationToken, events: Emitter) -> &'static str {
+        let events = lease::announcer(self.conn.clone(), events);
         let every = self.watch.settings().every.unwrap_or(Duration::MAX);
         let mut send = tokio::time::interval(every);
         send.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -171,7 +173,7 @@ impl Prober {
                 _ = send.tick() => self.send_all().await,
                 _ = check.tick() => {
                     for change in self.watch.check() {
-                        self.announce(&change, &events);
+                        Self::announce(&change, &events);
                         self.changed(change).await;
                     }
                 }
@@ -253,7 +255,7 @@ impl Prober {
             .map(|_| ())
     }
 
-    async fn back(&mut self, d: &Delivery, events: &Emitter) {
+    async fn back(&mut self, d: &Delivery, events: &Announcer) {
         let headers = d.properties.headers().as_ref();
         let seq = state::get(headers, H_SEQ).and_then(state::int);
         let name = state::get(headers, H_BACKEND).and_then(state::string);
@@ -264,30 +266,21 @@ impl Prober {
             return;
         };
         if let Some(change) = self.watch.back(backend, seq) {
-            self.announce(&change, events);
+            Self::announce(&change, events);
             self.changed(change).await;
         }
     }
 
-    /// Publishes a stall or its end as an operational event, once for the
-    /// prefix ([`crate::events::lease`]), in the background: the probe
-    /// goes on meanwhile.
-    fn announce(&self, change: &watch::Event, events: &Emitter) {
-        let (conn, events, backend) = (self.conn.clone(), events.clone(), change.backend);
-        let name = backend.as_str();
-        match change.change {
-            book::Change::Stalled { sent, .. } => tokio::spawn(async move {
-                if let Err(e) = lease::stalled(&conn, &events, name, sent).await {
-                    warn!(error = %e, backend = name, "the delay-backend.stalled event was not sent");
-                }
-            }),
-            book::Change::Cleared { .. } => tokio::spawn(async move {
-                if let Err(e) = lease::recovered(&conn, &events, name).await {
-                    warn!(error = %e, backend = name, "the delay-backend.recovered event was not sent");
-                }
-            }),
-            _ => return,
+    /// Tells the stall's announcer (`crate::events::lease`) of a stall or
+    /// of probes coming back; it publishes the events in order, in the
+    /// background: the probe goes on meanwhile.
+    fn announce(change: &watch::Event, to: &Announcer) {
+        let news = match change.change {
+            book::Change::Stalled { sent, .. } => News::Stalled(sent),
+            book::Change::Cleared { .. } | book::Change::Routing => News::Routing,
+            book::Change::None => return,
         };
+        to.send(change.backend.as_str(), news);
     }
 
     /// Logs, gauges and reports a change, and fails over or back.
