@@ -17,7 +17,9 @@
 //! bounded by 16. All run the default per-endpoint isolation (adaptive
 //! limits); the first three give their one receiver a ceiling of 16 (the
 //! whole worker), the hanging-endpoint scenario a ceiling of 4 and
-//! parking places.
+//! parking places. They run on the plugin backend;
+//! `REDELIVER_CHAOS_BACKEND=cascade cargo test --test chaos` runs them on
+//! the cascade.
 
 mod common;
 
@@ -99,7 +101,12 @@ async fn setup(name: &str, schedule: &str) -> Setup {
 /// `extra` more notifications (ids `h-0..`) go to `other`.
 async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[String]) -> Setup {
     let url = tokio::task::spawn_blocking(node_up).await.unwrap();
-    let app = TestApp::on(&url, name, DelayBackend::Plugin);
+    // The plugin in CI; `REDELIVER_CHAOS_BACKEND=cascade` by hand.
+    let backend = match std::env::var("REDELIVER_CHAOS_BACKEND").as_deref() {
+        Ok("cascade") => DelayBackend::Cascade,
+        _ => DelayBackend::Plugin,
+    };
+    let app = TestApp::on(&url, name, backend);
     let rx = Receiver::start(flaky).await;
     let mut load = load(&rx, N);
     if let Some(o) = &other {

@@ -152,6 +152,8 @@ async fn deferral_costs_no_attempt(backend: DelayBackend) {
     let rx = Receiver::start(|_| Reply::status(200).delay(Duration::from_millis(300))).await;
     let mut settings = isolated(8, 1);
     settings.endpoints.max_parked = 0;
+    // Nor wait in the worker: this is about the deferral through the backend.
+    settings.endpoints.max_waiting = 0;
     settings.policy.max_attempts = 1;
     let w = app.spawn_worker(settings);
     app.publish(&notifications(&rx, "/", "defer", 6)).await;

@@ -8,6 +8,7 @@
 //! a 5% share of hangs neither opens the breaker nor shrinks its limit.
 
 use super::options::Phase;
+use super::pairs::{median, Spread};
 use super::phases::Bench;
 use super::sink::Mode;
 
@@ -29,13 +30,20 @@ impl Bench {
     pub(super) async fn flaky(&mut self) -> anyhow::Result<()> {
         let p = Phase::Flaky;
         let n = self.sizes.flaky_n;
-        let on = self.flaky_run(n, &[]).await?;
-        let off = self.flaky_run(n, &["--isolation", "off"]).await?;
-        let name = format!("{n} notifications, {WORKERS} workers: settle time, default flags");
-        self.push(p, name, Some(on), "s");
-        self.push(p, "settle time, --isolation off", Some(off), "s");
+        let (mut on, mut off) = (vec![], vec![]);
+        for _ in 0..self.pairs() {
+            on.push(self.flaky_run(n, &[]).await?);
+            off.push(self.flaky_run(n, &["--isolation", "off"]).await?);
+        }
+        let name =
+            format!("{n} notifications, {WORKERS} workers: settle time, default flags (median)");
+        self.push(p, name, median(&on), "s");
+        let name = "settle time, --isolation off (median)";
+        self.push(p, name, median(&off), "s");
+        let pairs: Vec<(f64, f64)> = on.into_iter().zip(off).collect();
         let name = "settle time, isolation on ÷ off";
-        self.push_target(p, name, Some(on / off), "x", "≤ 1.10", |r| r <= 1.10);
+        let spread = Spread::of_pairs(&pairs);
+        self.push_pairs(p, name, spread, Some("≤ 1.10"), |r| r <= 1.10);
         Ok(())
     }
 

@@ -34,7 +34,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::load;
-use super::options::Phase;
 use super::phases::Bench;
 use super::sink::Mode;
 use crate::config::{BrokerSettings, DelayBackend, DEFAULT_HOLD_PREFETCH};
@@ -52,9 +51,9 @@ type Http = Client<HttpConnector, Full<Bytes>>;
 impl Bench {
     /// Phase 3's ceiling: the ideal worker drains a backlog like the one
     /// the real worker drained (same n, same messages, a fresh prefix,
-    /// removed afterwards whatever happened). Pushes its rate, measured at
-    /// the sink like the real one's, and `rate`'s ratio to it.
-    pub(super) async fn ideal_worker(&mut self, rate: f64) -> anyhow::Result<()> {
+    /// removed afterwards whatever happened). Returns its rate, measured
+    /// at the sink like the real one's.
+    pub(super) async fn ideal_worker_rate(&self) -> anyhow::Result<f64> {
         let (n, c) = (self.sizes.n, self.sizes.concurrency);
         let prefix = self.prefix("ideal");
         self.sink.reset(Mode::default());
@@ -65,37 +64,39 @@ impl Bench {
         };
         load::remove(&self.conn, &prefix).await;
         drained.context("the ideal worker")?;
-        let ideal = self.sink.seen().rate();
-        let p = Phase::E2e;
-        let name = "ideal worker (bare lapin + hyper + ack)";
-        self.push(p, name, Some(ideal), "msg/s");
-        let ratio = Some(rate / ideal);
-        self.push_target(p, "ratio to ideal worker", ratio, "x", "≥ 0.90", |r| {
-            r >= 0.90
-        });
-        Ok(())
+        Ok(self.sink.seen().rate())
     }
 
     /// Phase 4's ceiling: the ideal retry loop on the bench's delay
     /// backend, over `n` preloaded notifications under a fresh prefix
-    /// (removed afterwards whatever happened). Pushes and returns its rate.
-    pub(super) async fn ideal_retry(&mut self, n: usize) -> anyhow::Result<f64> {
+    /// (removed afterwards whatever happened). Returns its rate and the
+    /// broker's CPU seconds over the loop (`None`: unknown).
+    pub(super) async fn ideal_retry_run(&self, n: usize) -> anyhow::Result<(f64, Option<f64>)> {
         let c = self.sizes.concurrency;
         let prefix = self.prefix("ideal-retry");
         let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+        let broker_cpu = || self.opts.broker_pid.and_then(super::procs::cpu_seconds);
+        let mut used = None;
         let looped = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
-            Ok(_) => retry_loop(&self.opts.broker, &prefix, n, c).await,
+            Ok(_) => {
+                let before = broker_cpu();
+                let r = retry_loop(&self.opts.broker, &prefix, n, c).await;
+                used = before.zip(broker_cpu()).map(|(a, b)| b - a);
+                r
+            }
             Err(e) => Err(e),
         };
         load::remove(&self.conn, &prefix).await;
-        let rate = looped.context("the ideal retry loop")?;
+        Ok((looped.context("the ideal retry loop")?, used))
+    }
+
+    /// The ideal retry loop's name in the table.
+    pub(super) fn ideal_retry_name(&self) -> String {
         let backend = match self.opts.broker.delay {
             DelayBackend::Plugin => "plugin",
             DelayBackend::Cascade => "cascade",
         };
-        let name = format!("ideal retry loop ({backend})");
-        self.push(Phase::Retry, name, Some(rate), "msg/s");
-        Ok(rate)
+        format!("ideal retry loop ({backend})")
     }
 }
 

@@ -14,12 +14,15 @@
 
 mod cluster;
 mod crash;
+mod e2e;
 mod events;
 mod flaky;
+mod horizontal;
 mod ideal;
 mod load;
 mod noisy;
 mod options;
+mod pairs;
 mod phases;
 mod probe;
 mod procs;

@@ -8,6 +8,7 @@ use lapin::Connection;
 
 use super::load::{self, Ceiling, Item};
 use super::options::{BenchOptions, Phase, Sizes};
+use super::pairs::Spread;
 use super::procs::{Spawner, Usage, WorkerProc};
 use super::report::{Figure, Machine, Report};
 use super::sink::{Mode, Seen, Sink};
@@ -110,7 +111,39 @@ impl Bench {
             unit,
             target: None,
             met: None,
+            spread: None,
         });
+    }
+
+    /// A ratio of alternating pairs: its median read against the target,
+    /// its spread beside it (`pairs.rs`).
+    pub(super) fn push_pairs(
+        &mut self,
+        phase: Phase,
+        name: impl Into<String>,
+        spread: Option<Spread>,
+        target: Option<&'static str>,
+        met: impl Fn(f64) -> bool,
+    ) {
+        let value = spread.map(|s| s.median);
+        self.push(phase, name, value, "x");
+        if let Some(f) = self.figures.last_mut() {
+            f.spread = spread;
+            f.target = target;
+            f.met = target.and(value.map(met));
+        }
+    }
+
+    /// The broker's CPU seconds over the last drain ([`Self::drain_on`]);
+    /// `None` when unknown.
+    pub(super) fn last_broker_cpu(&self) -> Option<f64> {
+        let bits = self.last_broker_cpu.load(Ordering::Relaxed);
+        Some(f64::from_bits(bits)).filter(|s| !s.is_nan())
+    }
+
+    /// Alternating pairs per ratio (`pairs.rs`).
+    pub(super) fn pairs(&self) -> usize {
+        super::pairs::pairs(self.opts.quick)
     }
 
     /// A figure read against a target; `met` says whether it was reached.
@@ -175,7 +208,7 @@ impl Bench {
 
     /// [`Self::preload_and_drain`] with one worker, the sink's counters
     /// cleared first.
-    async fn fresh_drain(
+    pub(super) async fn fresh_drain(
         &self,
         phase: &str,
         n: usize,
@@ -296,147 +329,5 @@ impl Bench {
         );
         self.sink_per_s = Some(rate);
         Ok(())
-    }
-
-    /// On the default flags, per-endpoint isolation included, and once
-    /// more with `--isolation off`, alternating, two runs each: what
-    /// isolation costs the one-receiver deployment (target: nothing).
-    async fn end_to_end(&mut self) -> anyhow::Result<()> {
-        let (n, c) = (self.sizes.n, self.sizes.concurrency);
-        let args = Self::concurrency_args(c);
-        let mut off_args = args.clone();
-        off_args.extend(["--isolation".into(), "off".into()]);
-        let (usage, seen) = self.fresh_drain("e2e", n, &args).await?;
-        let (_, off1) = self.fresh_drain("e2e-off", n, &off_args).await?;
-        let (_, on2) = self.fresh_drain("e2e", n, &args).await?;
-        let (_, off2) = self.fresh_drain("e2e-off", n, &off_args).await?;
-        let rate = seen.rate();
-        let p = Phase::E2e;
-        self.push(
-            p,
-            format!("deliveries, 1 worker, concurrency {c}"),
-            Some(rate),
-            "msg/s",
-        );
-        let on = (rate + on2.rate()) / 2.0;
-        let off = (off1.rate() + off2.rate()) / 2.0;
-        self.push(
-            p,
-            "deliveries, --isolation off (mean of 2)",
-            Some(off),
-            "msg/s",
-        );
-        let name = "isolation on ÷ off (means of 2 alternating runs)";
-        self.push_target(p, name, Some(on / off), "x", "≥ 0.97", |r| r >= 0.97);
-        let ceiling = match (&self.ceiling, self.sink_per_s) {
-            (Some(b), Some(s)) => Some(b.drain_per_s.min(s)),
-            _ => None,
-        };
-        let ratio = ceiling.map(|m| rate / m);
-        self.push_target(
-            p,
-            "ratio to min(broker drain, sink)",
-            ratio,
-            "x",
-            "≥ 0.70",
-            |r| r >= 0.70,
-        );
-        let cpu = usage.first().map(|u| u.cpu_s / n as f64 * 10_000.0);
-        let name = "worker CPU per 10,000 deliveries";
-        self.push_target(p, name, cpu, "s", "≤ 0.40", |s| s <= 0.40);
-        let bits = self.last_broker_cpu.load(Ordering::Relaxed);
-        let broker = Some(f64::from_bits(bits)).filter(|s| !s.is_nan());
-        let per_10k = broker.map(|s| s / n as f64 * 10_000.0);
-        self.push(
-            p,
-            "broker CPU per 10,000 deliveries (local node)",
-            per_10k,
-            "s",
-        );
-        self.e2e_per_s = Some(rate);
-        self.e2e_cpu_per_10k = cpu;
-        self.ideal_worker(rate).await
-    }
-
-    /// The ideal retry loop first, then the real worker on the default
-    /// flags: with `--retry-settle 3s` (the safe path for the upstream
-    /// plugin, and its default) and with `0s` (the cascade's default), to
-    /// show what the settle costs; then with `--breaker-failures 0` at the
-    /// backend's default settle, to show the breaker costs a receiver that
-    /// fails every first attempt nothing. The targets apply to the
-    /// backend's default.
-    async fn retry_path(&mut self) -> anyhow::Result<()> {
-        let p = Phase::Retry;
-        let n = self.sizes.retry_n;
-        let ideal = self.ideal_retry(n).await?;
-        let plugin = self.opts.broker.delay == crate::config::DelayBackend::Plugin;
-        // Explicit: it is the plugin backend's default, not the cascade's.
-        let s = super::options::plugin_settle();
-        let (settled, rss) = self.retry_run(n, &["--retry-settle", &s]).await?;
-        let name = format!("successes, --retry-settle {s} (the plugin's default)");
-        self.push(p, name, Some(settled), "msg/s");
-        // Held originals keep only their leases: memory stays flat.
-        let rss = Some(rss).filter(|r| r.is_finite());
-        self.push(p, format!("worker peak RSS, settle {s}"), rss, "MiB");
-        self.retry_ratios(&format!("settle {s}"), settled, ideal, plugin);
-        let (off, _) = self.retry_run(n, &["--retry-settle", "0s"]).await?;
-        self.push(p, "successes, --retry-settle 0s", Some(off), "msg/s");
-        self.retry_ratios("settle 0s", off, ideal, !plugin);
-        // What the settle costs in rate: held originals must not take the
-        // prefetch from deliveries waiting for an attempt.
-        let name = format!("settle {s} ÷ settle 0s");
-        self.push_target(p, name, Some(settled / off), "x", "≥ 0.80", |r| r >= 0.80);
-        let (no_breaker, _) = self.retry_run(n, &["--breaker-failures", "0"]).await?;
-        let default = if plugin { settled } else { off };
-        self.push(
-            p,
-            "successes, --breaker-failures 0",
-            Some(no_breaker),
-            "msg/s",
-        );
-        let name = "default breaker ÷ --breaker-failures 0";
-        let ratio = Some(default / no_breaker);
-        self.push_target(p, name, ratio, "x", "≥ 0.95", |r| r >= 0.95);
-        Ok(())
-    }
-
-    /// A retry run's ratios to end to end (reported only: a retry is two
-    /// broker round trips and a timer, so the ideal retry loop itself is a
-    /// fraction of end to end) and to the ideal retry loop, with its target
-    /// when `targeted` (the backend's default settle).
-    fn retry_ratios(&mut self, run: &str, rate: f64, ideal: f64, targeted: bool) {
-        let p = Phase::Retry;
-        let e2e = self.e2e_per_s.map(|e| rate / e);
-        self.push(p, format!("ratio to end to end ({run})"), e2e, "x");
-        let to_ideal = Some(rate / ideal);
-        let ideal_name = format!("ratio to ideal retry loop ({run})");
-        if targeted {
-            self.push_target(p, ideal_name, to_ideal, "x", "≥ 0.85", |r| r >= 0.85);
-        } else {
-            self.push(p, ideal_name, to_ideal, "x");
-        }
-    }
-
-    /// `n` notifications that each fail once (a quick 500, then a 1 ms
-    /// schedule), then succeed, on the default flags plus `extra`; returns
-    /// successes per second from the first attempt, and the worker's peak
-    /// RSS.
-    async fn retry_run(&mut self, n: usize, extra: &[&str]) -> anyhow::Result<(f64, f64)> {
-        let c = self.sizes.concurrency;
-        self.sink.reset(Mode {
-            fail_first: true,
-            ..Mode::default()
-        });
-        let mut args = Self::concurrency_args(c);
-        args.extend(["--schedule".to_string(), "1ms".to_string()]);
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let (usage, seen) = self.preload_and_drain("retry", n, 1, &args).await?;
-        anyhow::ensure!(
-            seen.failed == n as u64,
-            "the sink failed {} first attempts, not {n}",
-            seen.failed
-        );
-        let rss = usage.first().map_or(f64::NAN, |u| u.peak_rss_mib);
-        Ok((seen.rate(), rss))
     }
 }

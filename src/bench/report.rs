@@ -15,6 +15,9 @@ pub struct Figure {
     /// The target, as text (e.g. "≥ 0.70").
     pub target: Option<&'static str>,
     pub met: Option<bool>,
+    /// For a ratio of alternating pairs: `value` is their median, and this
+    /// its spread (`pairs.rs`).
+    pub spread: Option<super::pairs::Spread>,
 }
 
 /// The machine the figures come from.
@@ -83,6 +86,10 @@ impl Report {
                 (Some(t), Some(false)) => format!("{t} MISSED"),
                 (Some(t), None) => t.to_string(),
                 _ => String::new(),
+            };
+            let target = match f.spread {
+                Some(s) if s.n > 1 => format!("{target} (median of {}, {})", s.n, s.range()),
+                _ => target,
             };
             writeln!(
                 out,

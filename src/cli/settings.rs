@@ -75,7 +75,7 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
 }
 
 /// Per-endpoint limits and the breaker, from `--endpoint-*`, `--breaker-*`,
-/// `--max-endpoints` and `--max-parked`.
+/// `--max-endpoints`, `--max-parked` and `--max-waiting`.
 fn endpoint_settings(a: &EndpointArgs) -> anyhow::Result<EndpointSettings> {
     if a.breaker_max_open < a.breaker_open {
         bail!(
@@ -103,6 +103,7 @@ fn endpoint_settings(a: &EndpointArgs) -> anyhow::Result<EndpointSettings> {
         },
         max_endpoints: a.max_endpoints,
         max_parked: a.max_parked,
+        max_waiting: a.max_waiting,
     })
 }
 

@@ -11,6 +11,9 @@ use crate::policy::{BreakerPolicy, LimitPolicy, Rate};
 pub const DEFAULT_MAX_ENDPOINTS: usize = 10_000;
 /// Deliveries a worker parks at most by default (`--max-parked`).
 pub const DEFAULT_MAX_PARKED: usize = 256;
+/// Deferred deliveries a worker keeps waiting in itself at most by default
+/// (`--max-waiting`).
+pub const DEFAULT_MAX_WAITING: usize = 4096;
 /// `--max-age` by default: Stripe retries for up to 3 days, and a payment
 /// result older than that is a matter for people, not for retries.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 86_400);
@@ -36,7 +39,7 @@ impl Default for ControlSettings {
 }
 
 /// How the worker shares itself among endpoints (flags `--endpoint-*`,
-/// `--breaker-*`, `--max-endpoints`, `--max-parked`).
+/// `--breaker-*`, `--max-endpoints`, `--max-parked`, `--max-waiting`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointSettings {
     /// A hard ceiling on attempts in flight to one endpoint; `None`: the
@@ -54,6 +57,10 @@ pub struct EndpointSettings {
     /// Deliveries waiting for their endpoint (not holding a concurrency
     /// slot); beyond this they are deferred through the delay backend.
     pub max_parked: usize,
+    /// Deliveries deferred for a short wait that wait in the worker,
+    /// unacked, instead of a round trip through the delay backend
+    /// (`crate::policy::wait`); 0: always through the backend.
+    pub max_waiting: usize,
 }
 
 impl Default for EndpointSettings {
@@ -65,6 +72,7 @@ impl Default for EndpointSettings {
             breaker: BreakerPolicy::default(),
             max_endpoints: DEFAULT_MAX_ENDPOINTS,
             max_parked: DEFAULT_MAX_PARKED,
+            max_waiting: DEFAULT_MAX_WAITING,
         }
     }
 }

@@ -10,7 +10,7 @@ mod secret;
 pub use amqp_url::{AmqpUrl, BadUrl, CONNECT_TIMEOUT};
 pub use endpoint::{
     ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE,
-    DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
+    DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED, DEFAULT_MAX_WAITING,
 };
 pub use events::{parse_type_pattern, EventSettings, DEFAULT_FAILING_AFTER};
 pub use routes::{Route, Routes};

@@ -10,6 +10,8 @@
 //!   [`limit`](Limiter): how many attempts it has earned in flight, and
 //!   [`mean`](WindowMean): how long they take; the
 //!   per-endpoint state lives in `crate::endpoint`.
+//! - [`wait`]: whether a deferred delivery waits in the worker or through
+//!   the delay backend.
 //!
 //! The worker carries the decision out; nothing else decides.
 
@@ -20,6 +22,7 @@ mod decide;
 mod limit;
 mod mean;
 mod rate;
+pub mod wait;
 
 pub use backoff::*;
 pub use breaker::*;

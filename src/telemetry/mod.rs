@@ -132,6 +132,7 @@ pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
 pub const HELD: &str = "redeliver_held";
 pub const SETTLING: &str = "redeliver_settling";
 pub const ROTATIONS: &str = "redeliver_consumer_rotations_total";
+pub const ACK_FRAMES: &str = "redeliver_ack_frames_total";
 pub const ENDPOINT_IN_FLIGHT: &str = "redeliver_endpoint_in_flight";
 pub const ENDPOINT_ATTEMPTS: &str = "redeliver_endpoint_attempts_total";
 pub const ENDPOINT_PARKED: &str = "redeliver_endpoint_parked";
@@ -142,6 +143,9 @@ pub const ENDPOINT_LIMIT: &str = "redeliver_endpoint_limit";
 pub const ENDPOINT_APP_ERRORS: &str = "redeliver_endpoint_app_error_ratio";
 pub const ACTIVE_ENDPOINTS: &str = "redeliver_endpoints_active";
 pub const PARKED: &str = "redeliver_parked";
+pub const WAITING: &str = "redeliver_waiting";
+pub const WAITS: &str = "redeliver_waits_total";
+pub const REPUBLISHED_DEFERRALS: &str = "redeliver_deferrals_republished_total";
 pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
 pub const ENDPOINTS_BY_STATE: &str = "redeliver_endpoints";
 pub const DELAY_STALLED: &str = "redeliver_delay_backend_stalled";
@@ -246,6 +250,22 @@ fn describe_endpoint_metrics() {
         "Endpoints with deliveries in the last second, among which the slots are shared"
     );
     describe_gauge!(PARKED, "Deliveries parked in this worker (--max-parked)");
+    describe_counter!(
+        ACK_FRAMES,
+        "basic.ack frames sent: one delivery each (single) or a run (multiple); each is a command for a quorum queue"
+    );
+    describe_gauge!(
+        WAITING,
+        "Deferred deliveries waiting in this worker, unacked, instead of through the delay backend (--max-waiting)"
+    );
+    describe_counter!(
+        WAITS,
+        "Short waits taken in the worker instead of a round trip through the delay backend"
+    );
+    describe_counter!(
+        REPUBLISHED_DEFERRALS,
+        "Deferrals republished through the delay backend (confirmed before the original's ack)"
+    );
     describe_gauge!(ENDPOINTS, "Endpoints this worker tracks (--max-endpoints)");
     describe_gauge!(
         ENDPOINTS_BY_STATE,

@@ -8,6 +8,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::wait::WaitRoom;
 use crate::config::WorkerSettings;
 use crate::control::Control;
 use crate::endpoint::Endpoints;
@@ -37,6 +38,12 @@ pub struct Context<H> {
     pub slot_wanted: Arc<Notify>,
     /// The session's tasks: deliveries, and originals held for the settle.
     pub tracker: TaskTracker,
+    /// Seats for deliveries waiting in the worker (`wait.rs`), shared by
+    /// every session.
+    pub waiting: Arc<WaitRoom>,
+    /// Cancelled when the session begins to stop: nothing waits in the
+    /// worker any more.
+    pub stopping: CancellationToken,
 }
 
 /// What became of a delivery before its own ack: the copy it needed, if

@@ -100,6 +100,7 @@ async fn defer_for<H>(
         "deferred without an attempt"
     );
     let headers = st.to_headers(d.properties.headers().as_ref(), None);
+    metrics::counter!(telemetry::REPUBLISHED_DEFERRALS).increment(1);
     retry(ctx, d, headers, delay).await
 }
 

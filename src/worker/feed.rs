@@ -100,12 +100,18 @@ impl Lease {
     /// guard drops, and asks for a rotation when the current consumer holds
     /// too many.
     pub fn hold(&self) -> Held {
+        self.hold_as(telemetry::SETTLING)
+    }
+
+    /// [`Lease::hold`], counted in `gauge`: a delivery waiting in the
+    /// worker (`wait.rs`) is unacked on its consumer like a settling one.
+    pub fn hold_as(&self, gauge: &'static str) -> Held {
         let g = &self.generation;
         let held = g.held.fetch_add(1, Ordering::Relaxed) + 1;
         if held >= g.threshold && !g.retired.load(Ordering::Relaxed) {
             g.rotate.notify_one();
         }
-        Held(g.clone(), GaugeGuard::new(telemetry::SETTLING))
+        Held(g.clone(), GaugeGuard::new(gauge))
     }
 }
 

@@ -10,6 +10,7 @@ mod feed;
 mod notify;
 pub(crate) mod process;
 mod session;
+mod wait;
 
 pub use error::WorkerError;
 pub use session::{prefetch, DEFAULT_PREFETCH_ROOM, PUBLISH_CHANNELS};
@@ -141,6 +142,7 @@ fn shared(settings: &WorkerSettings, delay: crate::config::DelayBackend) -> Shar
         )),
         watch: Watch::new(settings.delay_probe, delay, settings.health.clone()),
         control: crate::control::Control::new(&settings.control),
+        waiting: Arc::new(wait::WaitRoom::new(settings.endpoints.max_waiting)),
     }
 }
 

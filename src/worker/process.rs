@@ -13,15 +13,16 @@ use lapin::message::Delivery;
 
 use tracing::{info, warn};
 
-use super::admit::{admit, held_back, Slot};
+use super::admit::{admit, held_back, take_slot, Slot};
 use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use super::notify;
+use super::wait::{wait_here, Waits};
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
-use crate::endpoint::{Admission, Outcome, Pass};
+use crate::endpoint::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{
@@ -52,7 +53,7 @@ pub async fn process<H: DeliveryHandler>(
         );
     }
     let done = tokio::select! {
-        r = handle(&ctx, &d, &mut slot) => Some(r),
+        r = handle(&ctx, &d, &lease, &mut slot) => Some(r),
         _ = ctx.hard_stop.cancelled() => None,
     };
     drop(slot);
@@ -144,6 +145,7 @@ fn trace_overhead(pulled: Instant, span: HttpSpan) {
 async fn handle<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
+    lease: &Lease,
     slot: &mut Slot,
 ) -> Result<Done, PublishError> {
     let (n, st) = match decode(&ctx.settings, d) {
@@ -160,31 +162,49 @@ async fn handle<H: DeliveryHandler>(
         slot.free();
         return dead_letter_expired(ctx, d, &st, &n).await;
     }
-    if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
-        return done;
-    }
-    let (admission, waited) = admit(ctx, &n, slot).await;
-    match admission {
-        Admission::Go(pass) => {
-            // It waited for its endpoint: a pause may have come meanwhile.
-            if waited {
-                if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
-                    return done;
-                }
-            }
-            attempt(ctx, d, n, st, slot, pass).await
+    let mut waits = Waits::default();
+    loop {
+        if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+            return done;
         }
-        Admission::Defer { wait, reason } => {
-            slot.free();
-            defer(ctx, d, st, &n.id, wait, reason).await
-        }
-        // `wait` never parks again; treat it as a short deferral if it did.
-        Admission::Park(_) => {
-            slot.free();
-            let busy = crate::endpoint::DeferReason::Busy;
-            defer(ctx, d, st, &n.id, crate::endpoint::PARK_WAIT, busy).await
+        let (admission, waited) = admit(ctx, &n, slot).await;
+        let (wait, reason) = match admission {
+            Admission::Go(pass) => return go(ctx, d, n, st, slot, pass, waited).await,
+            Admission::Defer { wait, reason } => (wait, reason),
+            // `wait` never parks again; treat it as a short deferral if it did.
+            Admission::Park(_) => (PARK_WAIT, DeferReason::Busy),
+        };
+        slot.free();
+        // A short wait is taken here, then the endpoint is asked again.
+        let room = (&*ctx.waiting, &ctx.stopping);
+        if !wait_here(room, lease, d.data.len(), wait, &mut waits).await {
+            return defer(ctx, d, st, &n.id, wait, reason).await;
         }
     }
+}
+
+/// Attempts a delivery its endpoint admitted. One that parked is checked
+/// against the operator's gate again, since a pause may have come
+/// meanwhile; one that waited in the worker gave its concurrency slot
+/// back, and takes one first.
+async fn go<H: DeliveryHandler>(
+    ctx: &Context<H>,
+    d: &Delivery,
+    n: Notification,
+    st: RetryState,
+    slot: &mut Slot,
+    pass: Pass,
+    waited: bool,
+) -> Result<Done, PublishError> {
+    if waited {
+        if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+            return done;
+        }
+    }
+    if slot.permit.is_none() {
+        slot.permit = take_slot(&ctx.slots, &ctx.slot_wanted).await;
+    }
+    attempt(ctx, d, n, st, slot, pass).await
 }
 
 /// The notification and its retry state. The id falls back to the

@@ -16,6 +16,7 @@ use super::context::Context;
 use super::error::WorkerError;
 use super::feed::Feed;
 use super::process::process;
+use super::wait::WaitRoom;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
 use crate::control::Control;
 use crate::delay::failover::Router;
@@ -51,6 +52,8 @@ pub(super) struct Shared {
     pub(super) watch: Watch,
     /// The shared endpoint state: pauses, disables, the failing clock.
     pub(super) control: Control,
+    /// Seats for deliveries waiting in the worker.
+    pub(super) waiting: Arc<WaitRoom>,
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).
@@ -83,7 +86,7 @@ fn context<H>(
     handler: &Arc<H>,
     (publisher, events): (Publisher, Emitter),
     settings: &WorkerSettings,
-    hard_stop: CancellationToken,
+    (hard_stop, stopping): (CancellationToken, CancellationToken),
     shared: &Shared,
     tracker: &TaskTracker,
 ) -> Arc<Context<H>> {
@@ -99,6 +102,8 @@ fn context<H>(
         control: shared.control.clone(),
         slot_wanted: shared.slot_wanted.clone(),
         tracker: tracker.clone(),
+        waiting: shared.waiting.clone(),
+        stopping,
     })
 }
 
@@ -149,7 +154,8 @@ impl<H: DeliveryHandler> Session<H> {
             handler,
             (publisher, events),
             settings,
-            hard_stop,
+            // The helpers stop when the session begins to stop.
+            (hard_stop, helpers.clone()),
             shared,
             &tracker,
         );

@@ -169,6 +169,13 @@ pub struct EndpointArgs {
     /// count against the prefetch. Beyond it they are deferred. 0: never park.
     #[arg(long, env = "REDELIVER_MAX_PARKED", default_value_t = crate::config::DEFAULT_MAX_PARKED)]
     pub max_parked: usize,
+    /// Deliveries deferred for a short wait (a Retry-After or an open
+    /// breaker of at most 5 s, a busy endpoint's turn) that wait in the
+    /// worker, unacked, instead of a round trip through the delay backend;
+    /// at most 10 s each and 64 MiB of bodies in all. A killed worker's
+    /// return to the queue. 0: always through the delay backend.
+    #[arg(long, env = "REDELIVER_MAX_WAITING", default_value_t = crate::config::DEFAULT_MAX_WAITING)]
+    pub max_waiting: usize,
     /// How long a notification may keep being retried or deferred, from its
     /// first attempt (or first deferral); then it is dead-lettered as
     /// `expired`. A notification's own `max_age` and a route's win. 0s: no limit.

@@ -1,0 +1,117 @@
+//! Short deferrals wait in the worker (`--max-waiting`), unacked, instead
+//! of a round trip through the delay backend: a `Retry-After` pause is
+//! sat out without a republish, and a worker killed with `-9` while
+//! deliveries wait in it loses none of them. Real broker, real `redeliver
+//! run` processes, real HTTP receivers on 127.0.0.1:0.
+
+#[macro_use]
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::app::TestApp;
+use common::harness::{schedule_settings, wait_until};
+use common::metrics::{run_with_admin, scrape, value, wait_metric};
+use common::receiver::{Receiver, Recorded, Reply};
+use redeliver::delay::DelayBackend;
+
+const WAITS: &str = "redeliver_waits_total";
+const REPUBLISHED: &str = "redeliver_deferrals_republished_total";
+
+/// Every id of `ids` reached the receiver with a 200.
+fn all_delivered(rx: &Receiver, ids: &[String]) -> bool {
+    let ok: HashSet<String> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.reply == 200)
+        .map(|r| r.id())
+        .collect();
+    ids.iter().all(|i| ok.contains(i))
+}
+
+/// A 429 with `Retry-After: 2` pauses the endpoint; the 20 notifications
+/// that come meanwhile wait in the worker: no request for 2 s, then each
+/// arrives on its first attempt, and no deferral went through the broker.
+async fn a_short_pause_waits_in_the_worker(backend: DelayBackend) {
+    let app = TestApp::new("wait-pause", backend);
+    let rx = Receiver::start(|r: &Recorded| match r.nth == 1 && r.id() == "p-0" {
+        true => Reply::status(429).header("retry-after", "2"),
+        false => Reply::status(200),
+    })
+    .await;
+    let (w, admin) = run_with_admin(&app, &["--concurrency", "4"]);
+    app.publish(&rx.notifications("p", 1)).await;
+    assert!(wait_until(Duration::from_secs(20), || rx.count() >= 1).await);
+    let ids = app.publish(&rx.notifications("q", 20)).await;
+    let done = wait_until(Duration::from_secs(30), || all_delivered(&rx, &ids)).await;
+    let metrics = scrape(admin).await.unwrap_or_default();
+    drop(w);
+    assert!(done, "{} requests", rx.count());
+    let reqs = rx.requests();
+    let quiet = reqs[1].at.duration_since(reqs[0].at);
+    assert!(quiet >= Duration::from_millis(1_950), "paused {quiet:?}");
+    for r in reqs.iter().filter(|r| r.id().starts_with("q-")) {
+        assert_eq!(r.header("redeliver-attempt").as_deref(), Some("1"));
+    }
+    let waits = value(&metrics, WAITS, &[]).unwrap_or(0.0);
+    assert!(waits >= 20.0, "each waited in the worker ({waits})");
+    assert_eq!(value(&metrics, REPUBLISHED, &[]), Some(0.0), "{metrics}");
+    assert!(app.drain_dead().await.is_empty());
+}
+
+/// A receiver answering 429 with `Retry-After: 3` keeps 100 deliveries
+/// waiting in the worker (read from its `/metrics`) when it is killed with
+/// `-9`. They were unacked, so the broker hands them to the next worker:
+/// every notification is delivered once the receiver is healthy, and
+/// nothing is left in the work or dead-letter queue.
+async fn a_kill_9_with_waiting_deliveries_loses_nothing(backend: DelayBackend) {
+    let app = TestApp::new("wait-kill", backend);
+    let healthy = Arc::new(AtomicBool::new(false));
+    let h = healthy.clone();
+    let rx = Receiver::start(move |_: &Recorded| match h.load(Ordering::SeqCst) {
+        true => Reply::status(200),
+        false => Reply::status(429).header("retry-after", "3"),
+    })
+    .await;
+    let (mut w, admin) = run_with_admin(&app, &["--concurrency", "8"]);
+    let ids = app.publish(&rx.notifications("k", 100)).await;
+    let within = Duration::from_secs(30);
+    let waiting = wait_metric(admin, "redeliver_waiting", &[], within, |v| v >= 20.0).await;
+    let republished = scrape(admin)
+        .await
+        .and_then(|m| value(&m, REPUBLISHED, &[]));
+    w.kill();
+    assert!(
+        waiting.unwrap_or(0.0) >= 20.0,
+        "deliveries waited in the worker at the kill ({waiting:?})"
+    );
+    assert_eq!(republished, Some(0.0), "none went through the broker");
+    healthy.store(true, Ordering::SeqCst);
+    let mut settings = schedule_settings("200ms", 20, 16);
+    settings.shutdown_grace = Duration::from_secs(1);
+    let w = app.spawn_worker(settings);
+    let done = wait_until(Duration::from_secs(60), || all_delivered(&rx, &ids)).await;
+    let drained = wait_until_empty(&app).await;
+    w.stop().await;
+    assert!(done, "every notification was delivered after the kill");
+    assert!(drained, "nothing left in the work queue");
+    assert!(app.drain_dead().await.is_empty(), "nothing dead-lettered");
+}
+
+async fn wait_until_empty(app: &TestApp) -> bool {
+    for _ in 0..100 {
+        if app.queue_len("work").await == 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+both_backends!(
+    a_short_pause_waits_in_the_worker,
+    a_kill_9_with_waiting_deliveries_loses_nothing
+);
