@@ -25,7 +25,9 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::future::join_all;
 use lapin::options::BasicAckOptions;
@@ -174,7 +176,7 @@ async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
             None => rx.recv_many(&mut batch, TURN).await,
             Some(since) => {
                 let until = since + COALESCE;
-                let next = tokio::time::timeout_at(until.into(), rx.recv_many(&mut batch, TURN));
+                let next = tokio::time::timeout_at(until, rx.recv_many(&mut batch, TURN));
                 next.await.unwrap_or(usize::MAX)
             }
         };

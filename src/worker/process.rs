@@ -164,6 +164,12 @@ async fn handle<H: DeliveryHandler>(
     }
     let mut waits = Waits::default();
     loop {
+        // Back from a wait in the worker: a slot first, so that an
+        // endpoint's admission never waits for one (its pass would count
+        // as an attempt in flight meanwhile).
+        if slot.permit.is_none() {
+            slot.permit = take_slot(&ctx.slots, &ctx.slot_wanted).await;
+        }
         if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
             return done;
         }
@@ -185,8 +191,7 @@ async fn handle<H: DeliveryHandler>(
 
 /// Attempts a delivery its endpoint admitted. One that parked is checked
 /// against the operator's gate again, since a pause may have come
-/// meanwhile; one that waited in the worker gave its concurrency slot
-/// back, and takes one first.
+/// meanwhile.
 async fn go<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
@@ -200,9 +205,6 @@ async fn go<H: DeliveryHandler>(
         if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
             return done;
         }
-    }
-    if slot.permit.is_none() {
-        slot.permit = take_slot(&ctx.slots, &ctx.slot_wanted).await;
     }
     attempt(ctx, d, n, st, slot, pass).await
 }

@@ -55,17 +55,17 @@ struct Seat {
     _held: Held,
 }
 
-/// One delivery's waits in the worker so far, and its seat while it has
-/// one.
+/// One delivery's waits in the worker so far.
 #[derive(Default)]
 pub(super) struct Waits {
-    seat: Option<Seat>,
     total: Duration,
 }
 
 /// Waits here for a deferral of `wait` when the plan says so and the room
 /// has a seat: `true` once the wait is over (or the worker began to stop),
 /// to ask the endpoint again; `false`: defer it through the delay backend.
+/// The seat is held only for the wait itself: a delivery asking its
+/// endpoint again, or attempted, no longer counts as waiting.
 pub(super) async fn wait_here(
     (room, stopping): (&WaitRoom, &CancellationToken),
     lease: &Lease,
@@ -76,17 +76,11 @@ pub(super) async fn wait_here(
     let stop = stopping.is_cancelled();
     let turn = match plan(wait, waits.total, stop, rand::rng().random()) {
         WaitPlan::InWorker(turn) => turn,
-        WaitPlan::Republish => {
-            waits.seat = None;
-            return false;
-        }
+        WaitPlan::Republish => return false,
     };
-    if waits.seat.is_none() {
-        waits.seat = room.enter(bytes, lease);
-        if waits.seat.is_none() {
-            return false;
-        }
-    }
+    let Some(_seat) = room.enter(bytes, lease) else {
+        return false;
+    };
     metrics::counter!(telemetry::WAITS).increment(1);
     let started = Instant::now();
     tokio::select! {
