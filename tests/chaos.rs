@@ -235,9 +235,15 @@ async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
         "duplicates {} > bound {dup_bound}",
         t.duplicates
     );
+    // The receiver counts a request until its handler ends or is dropped,
+    // and it is dropped only once the server notices that the worker gave
+    // up on it (the 1 s timeout on a 3 s hang): a moment in which that
+    // worker's freed slot may already carry its next request. So one such
+    // request per worker may overlap; a broken bound shows far more.
+    let abandoned_unnoticed = WORKERS;
     assert!(
-        max_in_flight <= WORKERS * CONCURRENCY,
-        "concurrency bound exceeded"
+        max_in_flight <= WORKERS * CONCURRENCY + abandoned_unnoticed,
+        "concurrency bound exceeded: {max_in_flight}"
     );
     assert!(running, "no worker died on its own");
     assert!(
