@@ -1,16 +1,17 @@
 //! Publishes one notification with the library, waiting for the broker's
-//! confirm.
+//! confirm: `publish_all` bounds each wait by a confirm timeout and moves
+//! to the next node of a URL list on a timeout, a nack or a lost
+//! connection, as `redeliver publish` does.
 //!
 //! ```sh
 //! REDELIVER_AMQP_URL=amqp://guest:guest@127.0.0.1:5674/%2f \
 //!   cargo run --example publish -- http://127.0.0.1:8080/hook
 //! ```
 
-use std::time::Duration;
-
-use anyhow::Context;
 use redeliver::config::DEFAULT_AMQP_URL;
-use redeliver::{prepare, AmqpUrl, BrokerSettings, DelayBackend, Publisher, QueueType};
+use redeliver::{
+    prepare, publish_all, AmqpUrl, BrokerSettings, DelayBackend, ProduceOptions, QueueType,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -21,25 +22,12 @@ async fn main() -> anyhow::Result<()> {
         std::env::var("REDELIVER_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.into()),
     );
     let prefix = std::env::var("REDELIVER_PREFIX").unwrap_or_else(|_| "redeliver".into());
-
-    let conn = url
-        .connect("publish example")
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
     let broker = BrokerSettings {
-        url: url.clone(),
+        url,
         prefix,
         queue_type: QueueType::Quorum,
         delay: DelayBackend::Plugin,
     };
-    let topology = redeliver::delay::declare_topology(&broker, &conn).await?;
-    let publisher = Publisher::new(
-        &conn,
-        topology,
-        DelayBackend::Plugin,
-        Duration::from_secs(30),
-    )
-    .await?;
 
     let notification = serde_json::json!({
         "v": 1,
@@ -52,8 +40,11 @@ async fn main() -> anyhow::Result<()> {
         &notification.to_string(),
         redeliver::message::DEFAULT_MAX_MESSAGE_BYTES,
     )?;
-    publisher.publish_new(&prepared, None).await?;
-    println!("{}", prepared.id);
-    conn.close(200, "done".into()).await?;
+    // Default options: no delay, a 10 s confirm timeout, 6 tries.
+    publish_all(&broker, &[prepared], &ProduceOptions::default(), |id| {
+        println!("{id}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }

@@ -264,3 +264,26 @@ fn isolation_takes_on_or_off() {
         text(&o).1
     );
 }
+
+/// `publish --confirm-timeout` is checked before anything is sent, and its
+/// help says what a timeout does.
+#[test]
+fn publish_confirm_timeout_is_checked_and_explained() {
+    let o = redeliver(
+        &[
+            "publish",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--confirm-timeout",
+            "500ms",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("must be at least 1s"), "{}", text(&o).1);
+    let o = redeliver(&["publish", "--help"], &[]);
+    let (out, _) = text(&o);
+    assert!(out.contains("--confirm-timeout"), "{out}");
+    assert!(out.contains("next node"), "{out}");
+    assert!(out.contains("[default: 10s]"), "{out}");
+}

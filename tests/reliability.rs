@@ -130,7 +130,7 @@ async fn publish_retries_until_the_broker_is_back() {
     publish.args(["publish", "--url", "http://127.0.0.1:9/", "--id", "late"]);
     let mut child = Proc::spawn(publish);
     // The broker comes back once the publish has failed at least once.
-    let interrupted = "publishing interrupted; retrying";
+    let interrupted = "publishing interrupted; trying the next node";
     let failed = wait_until(Duration::from_secs(10), || {
         child.stderr_count(interrupted) > 0
     })

@@ -2,26 +2,18 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use futures_util::stream::{self, StreamExt, TryStreamExt};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
-use crate::cli::errors::error_line;
 use crate::cli::settings::{broker_settings, worker_settings};
-use crate::config::{AmqpUrl, BrokerSettings};
+use crate::config::AmqpUrl;
 use crate::deliver::AddressPolicy;
 use crate::deliver::HttpDeliverer;
-use crate::publish::{prepare, Prepared, PublishError, Publisher};
-use crate::topology::TopologyError;
-
-/// Confirms awaited at once while publishing a file.
-const PUBLISH_WINDOW: usize = 256;
-/// Connection attempts of one `publish` (backoff 0.5 s, 1 s, 2 s, ...).
-const PUBLISH_TRIES: u32 = 6;
+use crate::ops::produce::{publish_all, ProduceOptions};
+use crate::publish::{prepare, Prepared};
 
 /// `redeliver demo`: against the local test node unless a URL is given;
 /// that node is started first when nothing answers on its port. Stops
@@ -104,8 +96,9 @@ pub async fn run(
 }
 
 /// `redeliver publish`: validates everything first, then publishes with
-/// confirms and prints each confirmed id on stdout. A lost connection is
-/// retried (`PUBLISH_TRIES` in all) from the first unconfirmed notification.
+/// confirms and prints each confirmed id on stdout. A lost connection or a
+/// confirm timeout moves on to the next node of the URL list
+/// ([`crate::ops::produce`]), from the first unconfirmed notification.
 pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
     let notifications = match &args.file {
         Some(path) => read_lines(path, args.max_message_bytes)?,
@@ -114,81 +107,17 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
     if args.delay.is_some_and(|d| d > crate::policy::MAX_DELAY) {
         bail!("--delay can be at most 4294967295 ms (~49.7 days), the delayed-message limit");
     }
-    let broker = broker_settings(g);
+    let opts = ProduceOptions {
+        delay: args.delay,
+        confirm_timeout: args.confirm_timeout,
+        ..ProduceOptions::default()
+    };
     let mut out = std::io::stdout().lock();
-    let mut done = 0;
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let err = match publish_from(&broker, &notifications, args.delay, &mut done, &mut out).await
-        {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        if tries >= PUBLISH_TRIES || !transient(&err) {
-            let left = notifications.len() - done;
-            let tries = if tries == 1 {
-                "1 try".to_string()
-            } else {
-                format!("{tries} tries")
-            };
-            return Err(err.context(format!(
-                "publishing failed after {tries}; {left} notification(s) not confirmed"
-            )));
-        }
-        let delay = Duration::from_millis(250 << tries.min(6));
-        tracing::warn!(error = %error_line(&err), retry_in = ?delay, "publishing interrupted; retrying");
-        tokio::time::sleep(delay).await;
-    }
-}
-
-/// Publishes `all[*done..]`, advancing `done` past each confirmed id.
-async fn publish_from(
-    broker: &BrokerSettings,
-    all: &[Prepared],
-    delay: Option<Duration>,
-    done: &mut usize,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let conn = broker
-        .url
-        .connect("redeliver publish")
-        .await
-        .with_context(|| format!("cannot connect to the broker at {}", broker.url))?;
-    let topology = crate::delay::declare_topology(broker, &conn).await?;
-    let publisher = Publisher::new(&conn, topology, broker.delay, Duration::from_secs(30)).await?;
-    let mut confirmed = stream::iter(all[*done..].iter().map(|n| {
-        let publisher = &publisher;
-        async move { publisher.publish_new(n, delay).await.map(|_| n.id.as_str()) }
-    }))
-    .buffered(PUBLISH_WINDOW);
-    while let Some(id) = confirmed.try_next().await? {
-        writeln!(out, "{id}")?;
-        *done += 1;
-    }
-    drop(confirmed);
-    let _ = conn.close(200, "done".into()).await;
-    Ok(())
-}
-
-/// Connection trouble is worth another try; a refusal or a bad broker
-/// certificate is not.
-fn transient(e: &anyhow::Error) -> bool {
-    let text = error_line(e);
-    if crate::config::is_permanent_connect_error(&text) {
-        return false;
-    }
-    e.chain().any(|c| {
-        c.downcast_ref::<lapin::Error>().is_some()
-            || matches!(
-                c.downcast_ref::<PublishError>(),
-                Some(PublishError::Amqp(_) | PublishError::ConfirmTimeout(_))
-            )
-            || matches!(
-                c.downcast_ref::<TopologyError>(),
-                Some(TopologyError::Amqp { .. })
-            )
+    publish_all(&broker_settings(g), &notifications, &opts, |id| {
+        writeln!(out, "{id}")
     })
+    .await?;
+    Ok(())
 }
 
 fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Prepared>> {

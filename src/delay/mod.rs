@@ -37,6 +37,57 @@ pub async fn declare_topology(
     Ok(topology)
 }
 
+/// The topology for a producer, without a declare when it is already
+/// there: the intake and the backend's exchanges are looked up with passive
+/// declares (a lookup on the node the connection reaches), and only when
+/// one is missing is everything declared. A declare is a cluster-wide
+/// transaction: while a node is cut off and not yet noticed
+/// (`net_ticktime`, 45-75 s by default), it blocks on every node, while
+/// publishing to the replicated queues goes on. The backend's exchanges
+/// are declared last, so when they exist an earlier declare completed.
+pub async fn ensure_topology(
+    broker: &BrokerSettings,
+    conn: &Connection,
+) -> Result<Topology, TopologyError> {
+    let topology = Topology::new(&broker.prefix);
+    let mut names = vec![topology.intake.clone()];
+    match broker.delay {
+        DelayBackend::Plugin => names.push(topology.retry.clone()),
+        DelayBackend::Cascade => names.extend(cascade::names(&topology).1),
+    }
+    if exchanges_exist(conn, &names).await {
+        return Ok(topology);
+    }
+    declare_topology(broker, conn).await
+}
+
+/// Whether every exchange exists. A missing one closes the channel (404),
+/// so one channel answers for all of them.
+async fn exchanges_exist(conn: &Connection, names: &[String]) -> bool {
+    let Ok(ch) = conn.create_channel().await else {
+        return false;
+    };
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    for name in names {
+        let found = ch
+            .exchange_declare(
+                name.as_str().into(),
+                ExchangeKind::Fanout,
+                passive,
+                FieldTable::default(),
+            )
+            .await;
+        if found.is_err() {
+            return false;
+        }
+    }
+    let _ = ch.close(200, "looked up".into()).await;
+    true
+}
+
 /// Deletes the prefix's queues and exchanges, both backends' included,
 /// messages and all (for throwaway prefixes: the demo's, the benchmark's,
 /// tests').

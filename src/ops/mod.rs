@@ -10,5 +10,6 @@ pub(crate) mod local_node;
 
 pub use local_node::test_rabbitmq;
 pub mod management;
+pub mod produce;
 pub(crate) mod render;
 pub mod status;

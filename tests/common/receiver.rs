@@ -93,6 +93,15 @@ struct Server {
 
 impl Receiver {
     pub async fn start(behavior: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) -> Receiver {
+        Self::start_on("127.0.0.1:0", behavior).await
+    }
+
+    /// [`start`](Receiver::start) on another address (the partition
+    /// harness's bridge, which workers in their namespaces can reach).
+    pub async fn start_on(
+        addr: &str,
+        behavior: impl Fn(&Recorded) -> Reply + Send + Sync + 'static,
+    ) -> Receiver {
         let shared = Arc::new(Shared {
             requests: Mutex::new(vec![]),
             per_id: Mutex::new(HashMap::new()),
@@ -100,7 +109,7 @@ impl Receiver {
             max_in_flight: AtomicUsize::new(0),
             behavior: Box::new(behavior),
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("bind receiver");
         let addr = listener.local_addr().expect("receiver address");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::parse::duration;
+use super::parse::{confirm_timeout, duration};
 
 #[derive(Debug, Args, Clone)]
 pub struct PublishArgs {
@@ -57,6 +57,15 @@ pub struct PublishArgs {
     /// JSON lines, one notification object per line; `-` reads stdin.
     #[arg(long, env = "REDELIVER_PUBLISH_FILE")]
     pub file: Option<PathBuf>,
+    /// How long to wait for the broker to confirm (or to answer a declare)
+    /// before giving up that connection and publishing the unconfirmed rest
+    /// again through the next node of the URL list, with the same ids. A
+    /// partitioned node can accept a connection and never confirm. It goes
+    /// on for up to 2 minutes while nodes answer but do not confirm (a cut
+    /// node is noticed only after up to 75 s), and gives up after 6 tries
+    /// when no node accepts a connection.
+    #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "10s", value_parser = confirm_timeout)]
+    pub confirm_timeout: Duration,
     /// Largest notification accepted.
     #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
