@@ -33,8 +33,27 @@ pub async fn declare_topology(
         .await
         .map_err(|e| classify("a channel for", &broker.prefix, e))?;
     broker.delay.declare(&ch, &topology).await?;
+    // Last: its existence says a declare of everything above completed.
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.exchange_declare(
+        marker(&topology).as_str().into(),
+        ExchangeKind::Fanout,
+        durable,
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| classify("exchange", &marker(&topology), e))?;
     let _ = ch.close(200, "topology declared".into()).await;
     Ok(topology)
+}
+
+/// An exchange that routes nothing, declared after everything else of a
+/// prefix ([`ensure_topology`] looks for it).
+pub fn marker(t: &Topology) -> String {
+    format!("{}.declared", t.prefix)
 }
 
 /// The topology for a producer, without a declare when it is already
@@ -43,14 +62,15 @@ pub async fn declare_topology(
 /// one is missing is everything declared. A declare is a cluster-wide
 /// transaction: while a node is cut off and not yet noticed
 /// (`net_ticktime`, 45-75 s by default), it blocks on every node, while
-/// publishing to the replicated queues goes on. The backend's exchanges
-/// are declared last, so when they exist an earlier declare completed.
+/// publishing to the replicated queues goes on. The [`marker`] is declared
+/// after everything else, so when it exists a whole declare completed (one
+/// cut short by a timeout leaves it missing, and the next call declares).
 pub async fn ensure_topology(
     broker: &BrokerSettings,
     conn: &Connection,
 ) -> Result<Topology, TopologyError> {
     let topology = Topology::new(&broker.prefix);
-    let mut names = vec![topology.intake.clone()];
+    let mut names = vec![topology.intake.clone(), marker(&topology)];
     match broker.delay {
         DelayBackend::Plugin => names.push(topology.retry.clone()),
         DelayBackend::Cascade => names.extend(cascade::names(&topology).1),
@@ -99,7 +119,7 @@ pub async fn delete(topology: &Topology, conn: &Connection) -> Result<(), lapin:
         ch.queue_delete(q.as_str().into(), Default::default())
             .await?;
     }
-    for x in exchanges.iter().chain([&topology.retry]) {
+    for x in exchanges.iter().chain([&topology.retry, &marker(topology)]) {
         ch.exchange_delete(x.as_str().into(), Default::default())
             .await?;
     }

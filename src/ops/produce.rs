@@ -34,8 +34,8 @@ pub struct ProduceOptions {
     /// Tries while no node of the URL list accepts a connection (a broker
     /// that is down), with a backoff of 0.5 s, 1 s, 2 s, 4 s, then 8 s.
     pub tries: u32,
-    /// How long to go on while nodes accept connections but do not
-    /// confirm (or nack, or drop the connection). A cut node is noticed
+    /// How long to go on, since the last confirm, while nodes accept
+    /// connections but do not confirm (or nack, or drop the connection). A cut node is noticed
     /// only after `net_ticktime` (up to 75 s by default), and until then
     /// no node may confirm what goes to a queue the cut node led; so this
     /// outlasts that.
@@ -92,11 +92,19 @@ pub async fn publish_all(
     opts: &ProduceOptions,
     mut on_confirmed: impl FnMut(&str) -> std::io::Result<()>,
 ) -> Result<usize, ProduceError> {
-    let (mut done, mut tries, mut unreachable) = (0, 0, 0);
-    let started = tokio::time::Instant::now();
+    let bad_url = |e: crate::config::BadUrl| ProduceError::Permanent(e.into());
+    broker.url.validate().map_err(bad_url)?;
+    let (mut done, mut tries, mut unreachable, mut declare) = (0, 0, 0, false);
+    let mut started = tokio::time::Instant::now();
     loop {
         tries += 1;
-        let err = match publish_from(broker, all, opts, &mut done, &mut on_confirmed).await {
+        let before = done;
+        let step = publish_from(broker, all, opts, declare, &mut done, &mut on_confirmed).await;
+        if done > before {
+            // Progress: the budgets count from here.
+            (started, unreachable) = (tokio::time::Instant::now(), 0);
+        }
+        let err = match step {
             Ok(()) => return Ok(done),
             Err(Step::Report(e)) => return Err(ProduceError::Report(e)),
             Err(Step::Unreachable(e)) => {
@@ -105,6 +113,12 @@ pub async fn publish_all(
             }
             Err(Step::Broker(e)) => e,
         };
+        // Unroutable after a lookup only: something of the topology was
+        // deleted since; declare it all, once, and go on.
+        if !declare && is_unroutable(&err) {
+            declare = true;
+            continue;
+        }
         if !transient(&err) {
             return Err(ProduceError::Permanent(err));
         }
@@ -137,11 +151,22 @@ impl<E: Into<anyhow::Error>> From<E> for Step {
     }
 }
 
-/// One connection's worth: publishes `all[*done..]`, advancing `done`.
+fn is_unroutable(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<PublishError>(),
+            Some(PublishError::Unroutable)
+        )
+    })
+}
+
+/// One connection's worth: publishes `all[*done..]`, advancing `done`;
+/// the topology is looked up, or with `declare` declared in full.
 async fn publish_from(
     broker: &BrokerSettings,
     all: &[Prepared],
     opts: &ProduceOptions,
+    declare: bool,
     done: &mut usize,
     on_confirmed: &mut impl FnMut(&str) -> std::io::Result<()>,
 ) -> Result<(), Step> {
@@ -155,9 +180,11 @@ async fn publish_from(
     let limit = opts.confirm_timeout;
     let result = async {
         let topology = bounded(limit, "looking up the topology", async {
-            crate::delay::ensure_topology(broker, &conn)
-                .await
-                .map_err(anyhow::Error::from)
+            let t = match declare {
+                true => crate::delay::declare_topology(broker, &conn).await,
+                false => crate::delay::ensure_topology(broker, &conn).await,
+            };
+            t.map_err(anyhow::Error::from)
         })
         .await?;
         let publisher = bounded(limit, "opening a confirm channel", async {

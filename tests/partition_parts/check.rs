@@ -44,10 +44,11 @@ pub struct Report {
 
 impl Report {
     /// The longest a batch may wait without confirming or moving on: the
-    /// confirm timeout and a reconnect (the pause before it; its connect is
-    /// bounded like a confirm), and 5 s of slack for a busy machine.
+    /// confirm timeout and a reconnect (the pause before it, and a connect
+    /// or a topology lookup, each bounded like a confirm), and 5 s of slack
+    /// for a busy machine.
     pub fn wait_bound() -> Duration {
-        CONFIRM_TIMEOUT + redeliver::ops::produce::MAX_BACKOFF + Duration::from_secs(5)
+        CONFIRM_TIMEOUT * 2 + redeliver::ops::produce::MAX_BACKOFF + Duration::from_secs(5)
     }
 
     pub fn row(&self, name: &str, backend: &str) -> String {

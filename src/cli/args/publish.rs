@@ -61,7 +61,7 @@ pub struct PublishArgs {
     /// before giving up that connection and publishing the unconfirmed rest
     /// again through the next node of the URL list, with the same ids. A
     /// partitioned node can accept a connection and never confirm. It goes
-    /// on for up to 2 minutes while nodes answer but do not confirm (a cut
+    /// on for up to 2 minutes without progress while nodes answer but do not confirm (a cut
     /// node is noticed only after up to 75 s), and gives up after 6 tries
     /// when no node accepts a connection.
     #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "10s", value_parser = confirm_timeout)]
