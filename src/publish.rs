@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use crate::message::redact::REDACTED;
 use crate::message::state::{is_broker_count_header, is_cascade_header};
+use crate::message::trace::TraceContext;
 use crate::message::{self, InvalidMessage};
 use crate::topology::Topology;
 
@@ -113,16 +114,20 @@ impl Publisher {
         n: &Prepared,
         delay: Option<Duration>,
     ) -> Result<(), PublishError> {
-        let props = notification_properties(&n.id);
+        let mut props = notification_properties(&n.id);
+        let mut headers = FieldTable::default();
+        if let Some(t) = &n.trace {
+            t.write(&mut headers);
+        }
         match delay {
             None => {
+                if !headers.inner().is_empty() {
+                    props = props.with_headers(headers);
+                }
                 self.confirmed(&self.topology.intake, "", true, &n.payload, props)
                     .await
             }
-            Some(d) => {
-                let mut headers = FieldTable::default();
-                self.delayed(&n.payload, props, &mut headers, d).await
-            }
+            Some(d) => self.delayed(&n.payload, props, &mut headers, d).await,
         }
     }
 
@@ -308,6 +313,9 @@ pub fn notification_properties(id: &str) -> BasicProperties {
 pub struct Prepared {
     pub id: String,
     pub payload: Vec<u8>,
+    /// W3C trace context for its AMQP headers (`traceparent`,
+    /// `tracestate`): each attempt's span continues it.
+    pub trace: Option<TraceContext>,
 }
 
 /// Validates one JSON notification and assigns an id when it has none.
@@ -330,7 +338,11 @@ pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage>
     if redacted {
         return Err(InvalidMessage::Redacted);
     }
-    Ok(Prepared { id: n.id, payload })
+    Ok(Prepared {
+        id: n.id,
+        payload,
+        trace: None,
+    })
 }
 
 #[cfg(test)]

@@ -168,14 +168,12 @@ impl Topology {
 
     /// Ready messages in the dead-letter queue (passive declare).
     pub async fn dead_count(&self, ch: &Channel) -> Result<u32, lapin::Error> {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        let q = ch
-            .queue_declare(self.dead.as_str().into(), passive, FieldTable::default())
-            .await?;
-        Ok(q.message_count())
+        ready_count(ch, &self.dead).await
+    }
+
+    /// Ready messages in the work queue, the backlog (passive declare).
+    pub async fn work_count(&self, ch: &Channel) -> Result<u32, lapin::Error> {
+        ready_count(ch, &self.work).await
     }
 
     pub(crate) async fn bind(
@@ -298,4 +296,17 @@ pub(crate) fn classify(what: &'static str, name: &str, e: lapin::Error) -> Topol
         name: name.to_string(),
         source: e,
     }
+}
+
+/// Ready messages of a queue that exists: a passive declare, which
+/// closes the channel when it does not.
+async fn ready_count(ch: &Channel, queue: &str) -> Result<u32, lapin::Error> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await?;
+    Ok(q.message_count())
 }

@@ -237,3 +237,27 @@ fn rabbitmq_and_plugin_are_one_series() {
     let enabled = ins.iter().any(|(op, a)| op == "RUN" && a.contains(enable));
     assert!(enabled, "the plugin is not enabled");
 }
+
+/// Prometheus and Grafana come with `--profile monitoring` only, and every
+/// file they mount exists: the rules, the scrape config, the dashboard and
+/// its provisioning.
+#[test]
+fn monitoring_is_a_profile_and_its_mounts_exist() {
+    let c = compose();
+    for name in ["prometheus", "grafana"] {
+        let svc = &c["services"][name];
+        assert_eq!(
+            strings(&svc["profiles"], name),
+            vec!["monitoring".to_string()]
+        );
+        let mounts = strings(&svc["volumes"], name);
+        assert!(!mounts.is_empty(), "{name} mounts its files");
+        for m in mounts {
+            let host = m.split(':').next().unwrap_or("");
+            let p = path("docker").join(host);
+            assert!(p.exists(), "{name}: {} is missing", p.display());
+        }
+    }
+    let prom = read(&path("monitoring/prometheus.yml"));
+    assert!(prom.contains("job_name: redeliver") && prom.contains("/etc/prometheus/alerts.yml"));
+}

@@ -87,6 +87,7 @@ impl Bench {
             .iter()
             .map(|u| Spawner {
                 exe: self.opts.worker_exe.clone(),
+                env: vec![],
                 broker: BrokerSettings {
                     url: AmqpUrl::new(u.clone()),
                     ..broker.clone()

@@ -35,10 +35,17 @@ impl Bench {
         let mut off_args = args.clone();
         off_args.extend(["--isolation".into(), "off".into()]);
         let (mut on, mut ideal, mut off) = (vec![], vec![], vec![]);
+        let (mut traced, mut base) = (vec![], vec![]);
+        let collector = super::traced::Collector::start().await?;
         for _ in 0..self.pairs() {
             on.push(self.drain_once("e2e", n, &args).await?);
             ideal.push(self.ideal_worker_rate().await?);
             off.push(self.drain_once("e2e-off", n, &off_args).await?.rate);
+            let t = self.traced_spawner(&collector);
+            traced.push(self.drain_as(t, "e2e-traced", n, &args).await?);
+            if let Some(b) = self.baseline_spawner() {
+                base.push(self.drain_as(b, "e2e-base", n, &args).await?);
+            }
         }
         let p = Phase::E2e;
         let rate = med(&on, |d| Some(d.rate)).unwrap_or(0.0);
@@ -63,6 +70,15 @@ impl Bench {
         self.push_pairs(p, "isolation on ÷ off", spread, Some("≥ 0.97"), |r| {
             r >= 0.97
         });
+        let cpu_of = |d: &[Drain]| med(d, |d| d.worker_cpu);
+        let rates = |d: &[Drain]| d.iter().map(|d| d.rate).collect::<Vec<f64>>();
+        let runs = super::traced::Runs {
+            on: rates(&on),
+            traced: rates(&traced),
+            base: rates(&base),
+            cpu: [cpu_of(&on), cpu_of(&traced), cpu_of(&base)],
+        };
+        self.push_traced(&runs, &collector);
         self.ceiling_ratio(rate);
         let cpu = med(&on, |d| d.worker_cpu);
         let name = "worker CPU per 10,000 deliveries (median)";
@@ -84,6 +100,20 @@ impl Bench {
         let name = "ratio to min(broker drain, sink)";
         let ratio = ceiling.map(|m| rate / m);
         self.push_target(Phase::E2e, name, ratio, "x", "≥ 0.70", |r| r >= 0.70);
+    }
+
+    /// [`Self::drain_once`] with `spawner` as the worker.
+    async fn drain_as(
+        &mut self,
+        spawner: super::procs::Spawner,
+        phase: &str,
+        n: usize,
+        args: &[String],
+    ) -> anyhow::Result<Drain> {
+        let saved = self.swap_spawner(spawner);
+        let drained = self.drain_once(phase, n, args).await;
+        self.swap_spawner(saved);
+        drained
     }
 
     /// One drain of `n` by one worker with `args`, the sink cleared first.

@@ -30,6 +30,7 @@ mod report;
 mod sink;
 mod state;
 mod timed;
+mod traced;
 mod window;
 
 pub use options::{BenchOptions, Phase};

@@ -111,6 +111,8 @@ pub struct BenchOptions {
     pub quick: bool,
     /// The `redeliver` executable that runs the workers.
     pub worker_exe: PathBuf,
+    /// Another build to compare end to end against (`--baseline-exe`).
+    pub baseline_exe: Option<PathBuf>,
     /// The URLs of a three-node cluster's nodes, for the cluster phase
     /// (`None`: the local test cluster, which the phase starts and stops
     /// again; no figure where there is none).

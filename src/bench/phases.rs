@@ -47,6 +47,7 @@ impl Bench {
             spawner: Spawner {
                 exe: opts.worker_exe.clone(),
                 broker: opts.broker.clone(),
+                env: vec![],
             },
             figures: vec![],
             started: Instant::now(),

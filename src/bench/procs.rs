@@ -26,9 +26,27 @@ pub struct WorkerProc {
 pub struct Spawner {
     pub exe: PathBuf,
     pub broker: BrokerSettings,
+    /// Variables the worker gets (the traced run's OTLP endpoint).
+    pub env: Vec<(String, String)>,
 }
 
 impl Spawner {
+    /// The caller's REDELIVER_* settings would silently change what is
+    /// measured, and so would OTEL_* (trace export) and TRACEPARENT: the
+    /// worker gets only what the bench sets.
+    fn only_our_env(&self, cmd: &mut Command) {
+        for (k, _) in std::env::vars_os() {
+            let name = k.to_string_lossy();
+            if ["REDELIVER_", "OTEL_", "TRACE"]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+    }
+
     /// Starts `redeliver run` on `prefix` with `args`. With `timings`, the
     /// worker traces its own overhead and this process collects it.
     pub fn spawn(
@@ -38,13 +56,7 @@ impl Spawner {
         timings: bool,
     ) -> anyhow::Result<WorkerProc> {
         let mut cmd = Command::new(&self.exe);
-        // The caller's REDELIVER_* settings would silently change what is
-        // measured; the worker gets only what the bench sets.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("REDELIVER_") {
-                cmd.env_remove(k);
-            }
-        }
+        self.only_our_env(&mut cmd);
         // Through the environment, not argv, where `ps` would show the password.
         cmd.env("REDELIVER_AMQP_URL", self.broker.url.expose())
             .args(["--prefix", prefix])

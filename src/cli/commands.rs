@@ -12,8 +12,10 @@ use crate::cli::settings::{broker_settings, worker_settings};
 use crate::config::AmqpUrl;
 use crate::deliver::AddressPolicy;
 use crate::deliver::HttpDeliverer;
+use crate::message::trace::TraceContext;
 use crate::ops::produce::{publish_all, ProduceOptions};
 use crate::publish::{prepare, Prepared};
+use crate::telemetry::trace::{ProducerSpan, Tracing};
 
 /// `redeliver demo`: against the local test node unless a URL is given;
 /// that node is started first when nothing answers on its port. Stops
@@ -56,6 +58,7 @@ pub async fn bench(
         concurrency: args.concurrency.into(),
         quick: args.quick,
         worker_exe: std::env::current_exe().context("finding this executable")?,
+        baseline_exe: args.baseline_exe.clone(),
         cluster_url: args.cluster_url.clone().map(AmqpUrl::new),
         broker_pid,
     };
@@ -91,7 +94,12 @@ pub async fn run(
     if let Some(addr) = &args.admin_addr {
         crate::telemetry::admin::spawn(addr, settings.health.clone(), admin_stop).await?;
     }
-    crate::worker::run(&broker_settings(g), settings, handler, shutdown).await?;
+    settings.tracing = Tracing::from_env("redeliver")
+        .context("setting up trace export (OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+    let tracing = settings.tracing.clone();
+    let ran = crate::worker::run(&broker_settings(g), settings, handler, shutdown).await;
+    tracing.shutdown().await;
+    ran?;
     Ok(())
 }
 
@@ -112,12 +120,44 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
         confirm_timeout: args.confirm_timeout,
         ..ProduceOptions::default()
     };
+    let tracing = Tracing::from_env("redeliver-publish")
+        .context("setting up trace export (OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+    let parent = match &args.traceparent {
+        Some(tp) => TraceContext::parse(tp, args.tracestate.as_deref()),
+        None => None,
+    };
+    let mut notifications = notifications;
+    let mut spans = producer_spans(&tracing, parent.as_ref(), &mut notifications, g);
     let mut out = std::io::stdout().lock();
-    publish_all(&broker_settings(g), &notifications, &opts, |id| {
+    let published = publish_all(&broker_settings(g), &notifications, &opts, |id| {
+        if let Some(s) = spans.remove(id) {
+            s.confirmed();
+        }
         writeln!(out, "{id}")
     })
-    .await?;
+    .await;
+    drop(spans);
+    tracing.shutdown().await;
+    published?;
     Ok(())
+}
+
+/// A `publish` span per notification (under `parent`), whose context its
+/// headers carry; off, `parent` itself is carried.
+fn producer_spans(
+    tracing: &Tracing,
+    parent: Option<&TraceContext>,
+    all: &mut [Prepared],
+    g: &GlobalArgs,
+) -> std::collections::HashMap<String, ProducerSpan> {
+    let intake = crate::topology::Topology::new(&g.prefix).intake;
+    let mut spans = std::collections::HashMap::new();
+    for n in all.iter_mut() {
+        let span = tracing.publish(parent, &n.id, &intake);
+        n.trace = span.context().cloned();
+        spans.insert(n.id.clone(), span);
+    }
+    spans
 }
 
 fn read_lines(path: &std::path::Path, max_bytes: usize) -> anyhow::Result<Vec<Prepared>> {

@@ -198,6 +198,8 @@ pub struct WorkerSettings {
     pub control: ControlSettings,
     /// Operational events: where they go besides `<prefix>.events`.
     pub ops_events: EventSettings,
+    /// OpenTelemetry: a span per attempt when an OTLP exporter is set up.
+    pub tracing: crate::telemetry::trace::Tracing,
 }
 
 /// One attempt and what was decided about it.
@@ -232,6 +234,7 @@ impl Default for WorkerSettings {
             delay_probe: ProbeSettings::default(),
             control: ControlSettings::default(),
             ops_events: EventSettings::default(),
+            tracing: Default::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::config::Routes;
 use crate::config::SigningSecret;
 use crate::deliver::guard::{blocked_cause, literal_ip};
 use crate::deliver::signing::signature_header;
+use crate::message::trace::{TraceContext, H_TRACEPARENT, H_TRACESTATE};
 use crate::message::Notification;
 use crate::policy::AttemptResult;
 
@@ -112,6 +113,7 @@ impl HttpDeliverer {
                 h.insert(HeaderName::from_static(k), v);
             }
         }
+        trace_headers(&mut h, n.trace.as_ref());
         if !secrets.is_empty() {
             // Over the exact bytes sent: the body is sent as stored.
             let body = n.body.as_ref().map_or("", |b| b.get()).as_bytes();
@@ -245,6 +247,20 @@ pub fn parse_retry_after(v: &str) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+}
+
+/// The attempt's W3C trace context, which wins over a `traceparent` in
+/// the notification's own headers: the receiver's span is then a child of
+/// this attempt's.
+fn trace_headers(h: &mut HeaderMap, trace: Option<&TraceContext>) {
+    let Some(t) = trace else { return };
+    if let Ok(v) = HeaderValue::from_str(t.traceparent()) {
+        h.insert(HeaderName::from_static(H_TRACEPARENT), v);
+    }
+    h.remove(H_TRACESTATE);
+    if let Some(Ok(v)) = t.tracestate().map(HeaderValue::from_str) {
+        h.insert(HeaderName::from_static(H_TRACESTATE), v);
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod event;
 pub(crate) mod redact;
 pub mod state;
 pub mod target;
+pub mod trace;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +52,9 @@ pub struct Notification {
     pub success_body: Option<String>,
     /// How long it may keep being retried or deferred (`"max_age": "72h"`).
     pub max_age: Option<Duration>,
+    /// The trace context this attempt's request carries (`traceparent`):
+    /// never in the JSON, set by the worker for each attempt.
+    pub trace: Option<trace::TraceContext>,
 }
 
 /// What a producer may send; unknown fields are ignored.
@@ -150,6 +154,7 @@ pub fn decode(
         schedule,
         success_body: wire.success_body,
         max_age,
+        trace: None,
     })
 }
 

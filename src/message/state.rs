@@ -3,6 +3,7 @@
 
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 
+use crate::message::trace::TraceContext;
 use crate::message::InvalidMessage;
 use crate::policy::Classified;
 
@@ -55,6 +56,9 @@ pub struct RetryState {
     /// Deferrals so far (they cost no attempt).
     pub deferrals: u32,
     pub first_seen_at: Option<i64>,
+    /// The trace every attempt joins: the producer's, or the first
+    /// attempt's when the producer sent none.
+    pub trace: Option<TraceContext>,
     history: Vec<AMQPValue>,
 }
 
@@ -97,6 +101,7 @@ impl RetryState {
             id,
             deferrals,
             first_seen_at,
+            trace: TraceContext::from_headers(Some(h)),
             history,
         })
     }
@@ -186,6 +191,9 @@ impl RetryState {
             H_HISTORY.into(),
             AMQPValue::FieldArray(FieldArray::from(self.history.clone())),
         );
+        if let Some(t) = &self.trace {
+            t.write(&mut h);
+        }
         h
     }
 }

@@ -71,6 +71,9 @@ fn recorder() -> Result<PrometheusHandle, AdminError> {
 struct AdminState {
     metrics: PrometheusHandle,
     health: Health,
+    /// The standard `process_*` metrics (CPU seconds, resident memory,
+    /// open fds, threads), read from `/proc` at each scrape.
+    process: std::sync::Arc<metrics_process::Collector>,
 }
 
 /// Binds `addr` (port 0 picks a free one), installs the recorder, and
@@ -86,10 +89,13 @@ pub async fn spawn(
     };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let local = listener.local_addr().map_err(bind_err)?;
+    let process = metrics_process::Collector::default();
     let state = AdminState {
         metrics: recorder()?,
         health,
+        process: std::sync::Arc::new(process),
     };
+    state.process.describe();
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -109,6 +115,7 @@ pub async fn spawn(
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    s.process.collect();
     s.metrics.run_upkeep();
     (
         [(

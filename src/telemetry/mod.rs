@@ -13,6 +13,7 @@
 //! named and the rest are `other`. Never a URL or a path.
 
 pub(crate) mod admin;
+pub mod trace;
 
 mod log_writer;
 
@@ -129,6 +130,7 @@ pub const CONCURRENCY: &str = "redeliver_concurrency_limit";
 pub const CONFIRMS_PENDING: &str = "redeliver_republish_confirms_pending";
 pub const RECONNECTS: &str = "redeliver_reconnects_total";
 pub const DEAD_LETTERS: &str = "redeliver_dead_letters";
+pub const BACKLOG: &str = "redeliver_work_queue_messages";
 pub const HELD: &str = "redeliver_held";
 pub const SETTLING: &str = "redeliver_settling";
 pub const ROTATIONS: &str = "redeliver_consumer_rotations_total";
@@ -183,6 +185,10 @@ pub fn describe_metrics() {
     describe_gauge!(
         DEAD_LETTERS,
         "Messages in the dead-letter queue at the last check"
+    );
+    describe_gauge!(
+        BACKLOG,
+        "Messages ready in the work queue at the last check (the backlog; every worker of a prefix reports the same queue)"
     );
     describe_gauge!(
         HELD,

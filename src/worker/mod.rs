@@ -10,6 +10,7 @@ mod feed;
 mod notify;
 pub(crate) mod process;
 mod session;
+mod traced;
 mod wait;
 
 pub use error::WorkerError;

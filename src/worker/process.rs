@@ -18,6 +18,7 @@ use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use super::notify;
+use super::traced;
 use super::wait::{wait_here, Waits};
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
@@ -230,7 +231,7 @@ fn decode(
 async fn attempt<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
-    n: Notification,
+    mut n: Notification,
     mut st: RetryState,
     slot: &mut Slot,
     mut pass: Pass,
@@ -239,6 +240,7 @@ async fn attempt<H: DeliveryHandler>(
     let attempt = st.attempts.saturating_add(1);
     let (at_ms, start) = (now_ms(), Instant::now());
     let age = Duration::from_millis(st.age_ms(at_ms));
+    let traced = traced::start(&ctx.settings.tracing, &mut n, &mut st, attempt);
     pass.start();
     let result = ctx.handler.deliver(&n, attempt).await;
     let span = HttpSpan {
@@ -246,6 +248,7 @@ async fn attempt<H: DeliveryHandler>(
         end: Instant::now(),
     };
     let decision = judge(&ctx.settings, &n, attempt, age, &result);
+    traced::end(traced, &decision);
     // The endpoint's permit before the slot: a delivery pulled into the
     // freed slot must not find its endpoint still counting this one.
     pass.finish(policy::signal(&result), &outcome(&decision));

@@ -314,7 +314,7 @@ async fn start_watches(
     helpers: &CancellationToken,
 ) -> Result<CancellationToken, lapin::Error> {
     let dead_channel = conn.create_channel().await?;
-    tokio::spawn(watch_dead_letters(
+    tokio::spawn(watch_queues(
         dead_channel,
         topology.clone(),
         helpers.clone(),
@@ -333,23 +333,30 @@ async fn start_watches(
     Ok(lost)
 }
 
-/// How often the dead-letter count is read for the metrics.
-const DEAD_LETTER_CHECK: Duration = Duration::from_secs(30);
+/// How often the queue counts are read for the metrics.
+const QUEUE_CHECK: Duration = Duration::from_secs(15);
 
-/// Sets the dead-letter gauge from a passive declare of the dead queue, now
-/// and every [`DEAD_LETTER_CHECK`], until `stop`. A failed read keeps the
-/// last value: the gauge is "at the last check".
-async fn watch_dead_letters(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
+/// Sets the dead-letter and backlog gauges from passive declares of the
+/// dead and work queues, now and every [`QUEUE_CHECK`], until `stop`. A
+/// failed read keeps the last value: the gauges are "at the last check".
+async fn watch_queues(channel: lapin::Channel, topology: Topology, stop: CancellationToken) {
     loop {
-        match topology.dead_count(&channel).await {
-            Ok(n) => metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(n)),
+        let counts = async {
+            let dead = topology.dead_count(&channel).await?;
+            Ok::<_, lapin::Error>((dead, topology.work_count(&channel).await?))
+        };
+        match counts.await {
+            Ok((dead, work)) => {
+                metrics::gauge!(telemetry::DEAD_LETTERS).set(f64::from(dead));
+                metrics::gauge!(telemetry::BACKLOG).set(f64::from(work));
+            }
             // A failed passive declare closes the channel; stop until the
             // next session.
             Err(_) => return,
         }
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(DEAD_LETTER_CHECK) => {}
+            _ = tokio::time::sleep(QUEUE_CHECK) => {}
         }
     }
     let _ = channel.close(200, "done".into()).await;

@@ -170,6 +170,7 @@ pub mod endpoints;
 pub mod events;
 pub mod harness;
 pub mod metrics;
+pub mod otlp;
 pub mod process;
 pub mod receiver;
 

@@ -37,6 +37,11 @@ pub struct BenchArgs {
     /// nodes [default: the local test cluster, `tests/broker/ctl cluster`].
     #[arg(long, env = "REDELIVER_BENCH_CLUSTER_URL", hide_env_values = true)]
     pub cluster_url: Option<String>,
+    /// Another build of redeliver (the last release, say) to compare end
+    /// to end against: each e2e pair also drains with it, and `this build
+    /// ÷ baseline` is reported.
+    #[arg(long)]
+    pub baseline_exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]

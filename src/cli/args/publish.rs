@@ -69,4 +69,23 @@ pub struct PublishArgs {
     /// Largest notification accepted.
     #[arg(long, env = "REDELIVER_MAX_MESSAGE_BYTES", default_value_t = crate::message::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+    /// W3C trace context to continue (`00-<trace id>-<span id>-<flags>`):
+    /// every notification carries it in its AMQP headers, and each
+    /// delivery attempt becomes a span of that trace. With an OTLP
+    /// exporter set (`OTEL_EXPORTER_OTLP_ENDPOINT`), a `publish` span is
+    /// made under it for each notification. `TRACEPARENT` is the
+    /// OpenTelemetry convention for passing it to a command.
+    #[arg(long, env = "TRACEPARENT", value_parser = traceparent)]
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with --traceparent.
+    #[arg(long, env = "TRACESTATE", requires = "traceparent")]
+    pub tracestate: Option<String>,
+}
+
+fn traceparent(s: &str) -> Result<String, String> {
+    crate::message::trace::TraceContext::parse(s, None)
+        .map(|t| t.traceparent().to_string())
+        .ok_or_else(|| {
+            "not a W3C traceparent: expected 00-<32 lowercase hex>-<16 lowercase hex>-<2 hex>, ids not all zero".to_string()
+        })
 }

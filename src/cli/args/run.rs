@@ -9,6 +9,12 @@ use super::parse::{confirm_timeout, duration, duration_or_off, on_off, OrOff};
 use crate::policy::Jitter;
 
 #[derive(Debug, Args, Clone)]
+#[command(
+    after_help = "Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set (e.g. http://collector:4318), each \
+attempt is an OpenTelemetry span, a child of the notification's traceparent, exported over \
+OTLP/HTTP; OTEL_SERVICE_NAME names the service [default: redeliver]. Metrics and health: \
+--admin-addr. Alert rules and a Grafana dashboard: monitoring/ (docs/operations.md)."
+)]
 pub struct RunArgs {
     /// Most HTTP attempts in flight in this process.
     #[arg(long, env = "REDELIVER_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
