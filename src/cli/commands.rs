@@ -1,6 +1,6 @@
 //! The commands, one library function each; `main.rs` only calls these.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufRead, Write};
 
 use anyhow::{bail, Context as _};
@@ -130,7 +130,7 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
     let mut spans = producer_spans(&tracing, parent.as_ref(), &mut notifications, g);
     let mut out = std::io::stdout().lock();
     let published = publish_all(&broker_settings(g), &notifications, &opts, |id| {
-        if let Some(s) = spans.remove(id) {
+        if let Some(s) = spans.get_mut(id).and_then(|s| s.pop_front()) {
             s.confirmed();
         }
         writeln!(out, "{id}")
@@ -143,19 +143,20 @@ pub async fn publish(g: &GlobalArgs, args: &PublishArgs) -> anyhow::Result<()> {
 }
 
 /// A `publish` span per notification (under `parent`), whose context its
-/// headers carry; off, `parent` itself is carried.
+/// headers carry; off, `parent` itself is carried. By id, in file order:
+/// confirms come in that order, and a file may repeat an id.
 fn producer_spans(
     tracing: &Tracing,
     parent: Option<&TraceContext>,
     all: &mut [Prepared],
     g: &GlobalArgs,
-) -> std::collections::HashMap<String, ProducerSpan> {
+) -> HashMap<String, VecDeque<ProducerSpan>> {
     let intake = crate::topology::Topology::new(&g.prefix).intake;
-    let mut spans = std::collections::HashMap::new();
+    let mut spans: HashMap<String, VecDeque<ProducerSpan>> = HashMap::new();
     for n in all.iter_mut() {
         let span = tracing.publish(parent, &n.id, &intake);
         n.trace = span.context().cloned();
-        spans.insert(n.id.clone(), span);
+        spans.entry(n.id.clone()).or_default().push_back(span);
     }
     spans
 }

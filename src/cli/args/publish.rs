@@ -77,8 +77,9 @@ pub struct PublishArgs {
     /// OpenTelemetry convention for passing it to a command.
     #[arg(long, env = "TRACEPARENT", value_parser = traceparent)]
     pub traceparent: Option<String>,
-    /// The W3C `tracestate` that goes with --traceparent.
-    #[arg(long, env = "TRACESTATE", requires = "traceparent")]
+    /// The W3C `tracestate` that goes with --traceparent (ignored without
+    /// one, as W3C says).
+    #[arg(long, env = "TRACESTATE")]
     pub tracestate: Option<String>,
 }
 

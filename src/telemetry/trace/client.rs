@@ -27,6 +27,9 @@ impl Client {
         .find_map(|k| std::env::var(k).ok()?.trim().parse::<u64>().ok())
         .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
         let client = reqwest::Client::builder()
+            // A redirect would carry OTEL_EXPORTER_OTLP_HEADERS (an API
+            // key, say) to another host: the collector's answer is final.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .build()?;
@@ -45,12 +48,18 @@ impl HttpClient for Client {
         for (k, v) in &parts.headers {
             req = req.header(k, v);
         }
-        let answer = req.send().await?;
+        let mut answer = req.send().await?;
         let status = answer.status();
         let headers = answer.headers().clone();
-        let mut body = answer.bytes().await?;
-        body.truncate(MAX_ANSWER);
-        let mut out = Response::builder().status(status).body(body)?;
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await? {
+            let room = MAX_ANSWER.saturating_sub(body.len());
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if room <= chunk.len() {
+                break;
+            }
+        }
+        let mut out = Response::builder().status(status).body(Bytes::from(body))?;
         *out.headers_mut() = headers;
         Ok(out)
     }
