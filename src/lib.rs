@@ -38,7 +38,10 @@ pub use config::{AmqpUrl, BrokerSettings, DelayBackend, QueueType, WorkerSetting
 pub use deliver::{DeliveryHandler, HttpDeliverer};
 pub use message::dead_letter::{DeadLetter, Filter};
 pub use message::Notification;
-pub use ops::dlq::{walk as walk_dead_letters, Op as DeadLetterOp, Summary as DeadLetterSummary};
+pub use ops::dlq::{
+    replay as replay_dead_letters, walk as walk_dead_letters, Op as DeadLetterOp, ReplayOptions,
+    ReplayProgress, Summary as DeadLetterSummary,
+};
 pub use ops::produce::{publish_all, ProduceError, ProduceOptions};
 pub use policy::{AttemptResult, Backoff, Jitter, RetryPolicy};
 pub use publish::{prepare, Prepared, PublishError, Publisher};

@@ -1,7 +1,7 @@
 //! The `redeliver` binary: argv → logs → signals → one library call.
 //! Everything else is in the library (`redeliver::cli`).
 
-use redeliver::cli::{self, errors, file, Command};
+use redeliver::cli::{self, errors, file, Command, DlqCommand};
 use redeliver::telemetry::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
@@ -24,13 +24,16 @@ async fn main() {
         Command::Demo => telemetry::init_with_default(format, "warn,lapin=off"),
         _ => telemetry::init(format),
     };
-    // Only `run` and `demo` stop gracefully; every other command keeps the
-    // default: one SIGINT or SIGTERM ends it.
-    let shutdown = match cli.command {
+    // Only `run`, `demo` and `dlq replay` stop gracefully; every other
+    // command keeps the default: one SIGINT or SIGTERM ends it.
+    let shutdown = match &cli.command {
         Command::Run(_) => shutdown_on_signals(Second::Exits),
         // The demo deletes its queues when stopped; a second signal must
         // not cut that short.
         Command::Demo => shutdown_on_signals(Second::Ignored),
+        // A replay settles its batch in flight; a second signal exits (what
+        // was not acked stays a dead letter).
+        Command::Dlq(DlqCommand::Replay(a)) if !a.dry_run => shutdown_on_signals(Second::Exits),
         _ => CancellationToken::new(),
     };
     let out = &mut std::io::stdout().lock();

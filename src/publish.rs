@@ -197,18 +197,46 @@ impl Publisher {
         payload: &[u8],
         props: BasicProperties,
     ) -> Result<(), PublishError> {
+        let pending = self.start(exchange, key, mandatory, payload, props).await?;
+        self.settle(pending).await
+    }
+
+    /// Publishes to the work queue and hands back the confirm, for a caller
+    /// that keeps several in flight (a paced replay's batch) and waits for
+    /// them with [`Publisher::settle`], in order.
+    pub async fn start_to_work_queue(
+        &self,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<lapin::PublisherConfirm, PublishError> {
+        self.start("", &self.topology.work, true, payload, props)
+            .await
+    }
+
+    async fn start(
+        &self,
+        exchange: &str,
+        key: &str,
+        mandatory: bool,
+        payload: &[u8],
+        props: BasicProperties,
+    ) -> Result<lapin::PublisherConfirm, PublishError> {
         let opts = BasicPublishOptions {
             mandatory,
             ..Default::default()
         };
-        let publish = async {
-            let confirm = self
-                .channel()
-                .basic_publish(exchange.into(), key.into(), opts, payload, props)
-                .await?;
-            confirm.await
-        };
+        let publish =
+            self.channel()
+                .basic_publish(exchange.into(), key.into(), opts, payload, props);
         match tokio::time::timeout(self.confirm_timeout, publish).await {
+            Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
+            Ok(r) => Ok(r?),
+        }
+    }
+
+    /// Waits for a started publish's confirm, at most the confirm timeout.
+    pub async fn settle(&self, pending: lapin::PublisherConfirm) -> Result<(), PublishError> {
+        match tokio::time::timeout(self.confirm_timeout, pending).await {
             Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
             Ok(Err(e)) => Err(e.into()),
             Ok(Ok(Confirmation::Ack(None))) => Ok(()),

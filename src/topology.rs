@@ -300,7 +300,7 @@ pub(crate) fn classify(what: &'static str, name: &str, e: lapin::Error) -> Topol
 
 /// Ready messages of a queue that exists: a passive declare, which
 /// closes the channel when it does not.
-async fn ready_count(ch: &Channel, queue: &str) -> Result<u32, lapin::Error> {
+pub(crate) async fn ready_count(ch: &Channel, queue: &str) -> Result<u32, lapin::Error> {
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()

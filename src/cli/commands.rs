@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::args::{GlobalArgs, PublishArgs, RunArgs};
 use crate::cli::settings::{broker_settings, worker_settings};
-use crate::config::AmqpUrl;
+use crate::config::{expiry_warning, AmqpUrl, Routes, SigningSecret};
 use crate::deliver::AddressPolicy;
-use crate::deliver::HttpDeliverer;
+use crate::deliver::{Egress, HttpDeliverer};
 use crate::message::trace::TraceContext;
 use crate::ops::produce::{publish_all, ProduceOptions};
 use crate::publish::{prepare, Prepared};
@@ -71,6 +71,27 @@ pub async fn bench(
     Ok(())
 }
 
+/// Warns of secrets that expired or expire within 24 h, and refuses to
+/// start when every secret of the worker or of a route has expired: it
+/// would send every request unsigned.
+fn check_expiries(secrets: &[SigningSecret], routes: &Routes) -> anyhow::Result<()> {
+    let now = std::time::SystemTime::now();
+    let sets = std::iter::once(("--signing-secret".to_string(), secrets));
+    let routes = routes.iter().filter_map(|r| {
+        let s = r.secrets.as_deref()?;
+        Some((format!("route {}", r.url_prefix), s))
+    });
+    for (what, set) in sets.chain(routes) {
+        for w in set.iter().filter_map(|s| expiry_warning(s, now)) {
+            tracing::warn!("{what}: {w}");
+        }
+        if !set.is_empty() && set.iter().all(|s| !s.in_use(now)) {
+            bail!("{what}: every signing secret has expired; give a current one");
+        }
+    }
+    Ok(())
+}
+
 /// `redeliver run`.
 pub async fn run(
     g: &GlobalArgs,
@@ -83,10 +104,15 @@ pub async fn run(
         settings.routes = crate::cli::file::ConfigFile::load(path)?.routes;
     }
     let secrets = crate::config::parse_secrets(&args.signing_secret)?;
+    check_expiries(&secrets, &settings.routes)?;
     let policy = AddressPolicy::new(args.deny_private, args.allow_cidr.clone());
     let handler = HttpDeliverer::with_policy(args.timeout, settings.concurrency, policy)
         .context("building the HTTP client")?
-        .with_signing(secrets, settings.routes.clone());
+        .with_signing(secrets, settings.routes.clone())
+        .with_egress(&Egress {
+            proxy: args.proxy.clone().unwrap_or_default(),
+            no_proxy: args.no_proxy.clone(),
+        })?;
     // The admin endpoint outlives the worker's drain, so `/readyz` answers
     // 503 (not "connection refused") while in-flight deliveries finish.
     let admin_stop = CancellationToken::new();

@@ -9,7 +9,8 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use crate::cli::file::{arg_id, known_keys, merged_matches, ConfigFile};
-use crate::config::redact_url;
+use crate::config::{expiry_warning, redact_url, SigningSecret};
+use std::time::SystemTime;
 
 /// Validates a file; the error names the line.
 pub fn check(path: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -22,7 +23,29 @@ pub fn check(path: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
         f.run.len(),
         f.routes.iter().count()
     )?;
+    for w in secret_warnings(&f, SystemTime::now()) {
+        writeln!(out, "warning: {w}")?;
+    }
     Ok(())
+}
+
+/// Expired secrets, and secrets that expire within 24 h, in `[run]` and
+/// in the routes; each named by where it is and its fingerprint.
+fn secret_warnings(f: &ConfigFile, now: SystemTime) -> Vec<String> {
+    let run = f.run.iter().filter(|s| s.key == "signing-secret");
+    let run = run.flat_map(|s| {
+        let parsed = s.values.iter().filter_map(|v| v.parse().ok());
+        parsed.map(|secret| (format!("line {}", s.line), secret))
+    });
+    let routes = f.routes.iter().flat_map(|r| {
+        let secrets = r.secrets.iter().flatten().cloned();
+        secrets.map(|secret| (format!("route {}", r.url_prefix), secret))
+    });
+    run.chain(routes)
+        .filter_map(|(at, s): (String, SigningSecret)| {
+            expiry_warning(&s, now).map(|w| format!("{at}: {w}"))
+        })
+        .collect()
 }
 
 /// Prints what `run` would use, as TOML with each value's source. `argv`
@@ -92,6 +115,16 @@ fn print_route_limits(out: &mut dyn Write, r: &crate::config::Route) -> anyhow::
         let d = humantime::format_duration(d).to_string();
         writeln!(out, "max-age = {}", quote(&d))?;
     }
+    let files = [
+        ("client-cert", &r.tls.client_cert),
+        ("client-key", &r.tls.client_key),
+        ("ca-roots", &r.tls.ca_roots),
+    ];
+    for (key, path) in files {
+        if let Some(p) = path {
+            writeln!(out, "{key} = {}", quote(&p.display().to_string()))?;
+        }
+    }
     Ok(())
 }
 
@@ -130,7 +163,7 @@ fn print_section(
             },
         };
         let value = match key.as_str() {
-            "amqp-url" => values
+            "amqp-url" | "proxy" => values
                 .iter()
                 .map(|v| quote(&redact_url(v)))
                 .collect::<Vec<_>>()

@@ -121,7 +121,8 @@ impl ConfigFile {
             ("route", Item::ArrayOfTables(a)) => {
                 for t in a.iter() {
                     let line = line_at(t.span(), line);
-                    let r = crate::cli::route::route(t, text);
+                    let base = self.path.parent().unwrap_or(Path::new("."));
+                    let r = crate::cli::route::route(t, text, base);
                     routes.push(r.map_err(|(l, m)| (l.unwrap_or(line), m))?);
                 }
             }

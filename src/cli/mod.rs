@@ -10,6 +10,7 @@ pub mod endpoint;
 pub mod errors;
 pub mod file;
 pub mod ops;
+mod replay;
 mod route;
 pub mod settings;
 mod toml;
@@ -37,7 +38,9 @@ pub async fn execute(
         Command::Publish(a) => commands::publish(g, a).await,
         Command::Dlq(DlqCommand::List(a)) => ops::dlq_list(g, a, out).await.map(drop),
         Command::Dlq(DlqCommand::Show { id }) => ops::dlq_show(g, id, out).await,
-        Command::Dlq(DlqCommand::Replay(a)) => ops::dlq_replay(g, a, out).await.map(drop),
+        Command::Dlq(DlqCommand::Replay(a)) => {
+            replay::dlq_replay(g, a, shutdown, out).await.map(drop)
+        }
         Command::Dlq(DlqCommand::Purge(a)) => ops::dlq_purge(g, a, out).await.map(drop),
         Command::Dlq(DlqCommand::Export(a)) => ops::dlq_export(g, a, out).await.map(drop),
         Command::Status(a) => ops::status(g, a, out).await.map(drop),

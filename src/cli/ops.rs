@@ -5,16 +5,15 @@ use std::io::Write;
 use anyhow::{bail, Context as _};
 
 use crate::cli::args::{
-    DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, GlobalArgs, StatusArgs,
+    DlqExportArgs, DlqFilterArgs, DlqListArgs, DlqPurgeArgs, GlobalArgs, StatusArgs,
 };
 use crate::cli::settings::broker_settings;
 use crate::message::dead_letter::Filter;
 use crate::ops::dlq::{walk, Op, Summary};
 use crate::ops::render::{table_header, table_row};
-use crate::publish::Publisher;
 use crate::topology::Topology;
 
-fn filter(ids: &[String], f: &DlqFilterArgs) -> Filter {
+pub(super) fn filter(ids: &[String], f: &DlqFilterArgs) -> Filter {
     Filter {
         ids: ids.to_vec(),
         reason: f.reason.clone(),
@@ -24,7 +23,10 @@ fn filter(ids: &[String], f: &DlqFilterArgs) -> Filter {
     }
 }
 
-async fn connect(g: &GlobalArgs, name: &str) -> anyhow::Result<(lapin::Connection, Topology)> {
+pub(super) async fn connect(
+    g: &GlobalArgs,
+    name: &str,
+) -> anyhow::Result<(lapin::Connection, Topology)> {
     let b = broker_settings(g);
     let conn = b
         .url
@@ -99,52 +101,6 @@ pub async fn dlq_show(
     doc.insert("dead_letter".into(), serde_json::to_value(&d.meta)?);
     writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     Ok(())
-}
-
-/// `dlq replay`: republish to the work queue, then remove.
-pub async fn dlq_replay(
-    g: &GlobalArgs,
-    a: &DlqReplayArgs,
-    out: &mut (impl Write + ?Sized),
-) -> anyhow::Result<Summary> {
-    let f = filter(&a.ids, &a.filter);
-    if f.is_empty() && !a.all {
-        bail!("nothing selected: give ids, --all, or a filter (--reason, --endpoint, --url-contains, --since)");
-    }
-    let b = broker_settings(g);
-    let (conn, t) = connect(g, "redeliver dlq replay").await?;
-    let publisher = Publisher::new(
-        &conn,
-        t.clone(),
-        b.delay,
-        std::time::Duration::from_secs(30),
-    )
-    .await?;
-    let op = if a.dry_run {
-        Op::Keep
-    } else {
-        Op::Replay(&publisher)
-    };
-    let mut io = Ok(());
-    let s = walk(&conn, &t, &f, a.limit, op, |d| {
-        if a.dry_run && io.is_ok() {
-            io = writeln!(
-                out,
-                "would replay {} {}",
-                d.id,
-                d.url.as_deref().unwrap_or("-")
-            );
-        }
-    })
-    .await?;
-    io?;
-    let _ = conn.close(200, "".into()).await;
-    if a.dry_run {
-        writeln!(out, "{} would be replayed (dry run)", s.selected)?;
-    } else {
-        writeln!(out, "replayed {}", s.done)?;
-    }
-    Ok(s)
 }
 
 /// `dlq purge`: without `--yes`, counts what would go and fails, so a

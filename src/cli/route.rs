@@ -1,5 +1,7 @@
 //! A config file's `[[route]]` table, checked key by key with its line.
 
+use std::path::Path;
+
 use toml_edit::Table;
 
 use crate::cli::toml::{line_of, values};
@@ -8,10 +10,11 @@ use crate::config::SigningSecret;
 use crate::policy::{check_max_attempts, parse_duration, parse_schedule, BadRate, MAX_DELAY};
 
 const KEYS: &str = "url-prefix, signing-secret, schedule, max-attempts, timeout, success-body, \
-concurrency, rate, breaker-failures, max-age";
+concurrency, rate, breaker-failures, max-age, client-cert, client-key, ca-roots";
 
 /// The route of one table; an error carries the offending line, if known.
-pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
+/// Its TLS files are read now, relative to `base` (the config's folder).
+pub fn route(t: &Table, text: &str, base: &Path) -> Result<Route, (Option<usize>, String)> {
     let mut r = Route::default();
     for (key, item) in t.iter() {
         let line = item.span().map(|s| line_of(text, s.start));
@@ -51,6 +54,8 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
                 r.breaker_failures = Some(one()?.parse().map_err(|e| err(format!("{e}")))?)
             }
             "max-age" => r.max_age = Some(parse_duration(&one()?).map_err(|e| err(e.to_string()))?),
+            "client-cert" | "client-key" | "ca-roots" => tls_file(&mut r, key, one()?),
+            "client_cert" | "client_key" | "ca_roots" => tls_file(&mut r, key, one()?),
             _ => {
                 return Err((
                     line,
@@ -59,11 +64,25 @@ pub fn route(t: &Table, text: &str) -> Result<Route, (Option<usize>, String)> {
             }
         }
     }
+    let line = t.span().map(|s| line_of(text, s.start));
     if r.url_prefix.is_empty() {
-        let line = t.span().map(|s| line_of(text, s.start));
         return Err((line, "[[route]] needs a `url-prefix`".into()));
     }
+    if let Err(e) = r.tls.load(base) {
+        return Err((line, format!("[[route]] {}: {e}", r.url_prefix)));
+    }
     Ok(r)
+}
+
+/// Sets a route's TLS file (`client-cert`, `client-key` or `ca-roots`; the
+/// spelling with `_` is accepted too); read later, once the table is whole.
+fn tls_file(r: &mut Route, key: &str, path: String) {
+    let slot = match key.replace('_', "-").as_str() {
+        "client-cert" => &mut r.tls.client_cert,
+        "client-key" => &mut r.tls.client_key,
+        _ => &mut r.tls.ca_roots,
+    };
+    *slot = Some(path.into());
 }
 
 /// A whole number from 1 to 65535 (a concurrency).
@@ -95,7 +114,7 @@ mod tests {
         let text = format!("[[route]]\nurl-prefix = \"https://a.example/\"\n{body}");
         let doc = toml_edit::Document::parse(text.clone()).unwrap();
         let tables = doc["route"].as_array_of_tables().unwrap();
-        route(tables.get(0).unwrap(), &text)
+        route(tables.get(0).unwrap(), &text, Path::new("."))
     }
 
     #[test]

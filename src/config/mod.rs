@@ -2,19 +2,23 @@
 //! prints a password.
 
 mod amqp_url;
+mod egress;
 mod endpoint;
 mod events;
 mod routes;
 mod secret;
+mod tls;
 
 pub use amqp_url::{AmqpUrl, BadUrl, CONNECT_TIMEOUT};
+pub use egress::{BadProxy, ProxySetting};
 pub use endpoint::{
     ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE,
     DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED, DEFAULT_MAX_WAITING,
 };
 pub use events::{parse_type_pattern, EventSettings, DEFAULT_FAILING_AFTER};
 pub use routes::{Route, Routes};
-pub use secret::{parse_secrets, BadSecret, SecretError, SigningSecret};
+pub use secret::{expiry_warning, parse_secrets, BadSecret, SecretError, SigningSecret};
+pub use tls::{RouteTls, TlsFileError};
 
 pub use crate::message::redact::redact_url;
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::config::SigningSecret;
+use crate::config::{RouteTls, SigningSecret};
 use crate::policy::{Overrides, Rate};
 
 #[derive(Clone, Debug, Default)]
@@ -28,6 +28,8 @@ pub struct Route {
     pub breaker_failures: Option<u32>,
     /// `--max-age` for these URLs.
     pub max_age: Option<Duration>,
+    /// A client certificate (mTLS) and extra CA roots for these URLs.
+    pub tls: RouteTls,
 }
 
 impl Route {

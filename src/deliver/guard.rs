@@ -38,6 +38,9 @@ const PRIVATE: &[&str] = &[
 pub struct AddressPolicy {
     denied: Vec<IpNet>,
     allowed: Vec<IpNet>,
+    /// Proxy host names: the guard is for targets, and an egress proxy
+    /// often sits on a private address.
+    exempt: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -59,7 +62,36 @@ impl AddressPolicy {
         if deny_private {
             denied.extend(PRIVATE.iter().filter_map(|n| n.parse::<IpNet>().ok()));
         }
-        AddressPolicy { denied, allowed }
+        AddressPolicy {
+            denied,
+            allowed,
+            exempt: vec![],
+        }
+    }
+
+    /// This policy, with these (proxy) host names resolved unchecked.
+    pub fn exempting(&self, hosts: Vec<String>) -> AddressPolicy {
+        AddressPolicy {
+            exempt: hosts,
+            ..self.clone()
+        }
+    }
+
+    /// Checks a target that a proxy will connect to: the proxy resolves its
+    /// name, so the guard resolves it here first and refuses it if any
+    /// address is blocked. A name that does not resolve here is left to the
+    /// proxy (it may see names this host cannot).
+    pub async fn check_target(&self, url: &url::Url) -> Result<(), Blocked> {
+        if let Some(ip) = literal_ip(url) {
+            return self.check(ip);
+        }
+        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+            return Ok(());
+        };
+        let Ok(found) = tokio::net::lookup_host((host, port)).await else {
+            return Ok(());
+        };
+        found.into_iter().try_for_each(|a| self.check(a.ip()))
     }
 
     pub fn check(&self, ip: IpAddr) -> Result<(), Blocked> {
@@ -101,6 +133,13 @@ impl Resolve for GuardedResolver {
         Box::pin(async move {
             let found: Vec<SocketAddr> =
                 tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            if policy
+                .exempt
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(name.as_str()))
+            {
+                return Ok(Box::new(found.into_iter()) as Addrs);
+            }
             let mut first_blocked = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()

@@ -1,9 +1,11 @@
 //! HTTP delivery: one attempt of one notification, turned into an
 //! [`AttemptResult`]. No retry logic here.
 
+mod egress;
 mod guard;
 mod signing;
 
+pub use egress::{Egress, EgressError};
 pub use guard::AddressPolicy;
 
 use std::future::Future;
@@ -14,6 +16,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AF
 
 use crate::config::Routes;
 use crate::config::SigningSecret;
+use crate::deliver::egress::{Base, Clients};
 use crate::deliver::guard::{blocked_cause, literal_ip};
 use crate::deliver::signing::signature_header;
 use crate::message::trace::{TraceContext, H_TRACEPARENT, H_TRACESTATE};
@@ -37,8 +40,8 @@ pub trait DeliveryHandler: Send + Sync + 'static {
 /// The HTTP handler: pooled connections, no redirects, a per-attempt timeout.
 #[derive(Clone, Debug)]
 pub struct HttpDeliverer {
-    client: reqwest::Client,
-    timeout: Duration,
+    clients: Arc<Clients>,
+    base: Base,
     policy: Arc<AddressPolicy>,
     signing: Arc<Signing>,
 }
@@ -52,7 +55,7 @@ struct Signing {
 
 impl HttpDeliverer {
     /// With the default address policy (link-local and metadata refused).
-    pub fn new(timeout: Duration, concurrency: usize) -> Result<Self, reqwest::Error> {
+    pub fn new(timeout: Duration, concurrency: usize) -> Result<Self, EgressError> {
         Self::with_policy(timeout, concurrency, AddressPolicy::default())
     }
 
@@ -60,21 +63,16 @@ impl HttpDeliverer {
         timeout: Duration,
         concurrency: usize,
         policy: AddressPolicy,
-    ) -> Result<Self, reqwest::Error> {
-        let policy = Arc::new(policy);
-        let client = reqwest::Client::builder()
-            // Every hostname is resolved through the SSRF policy.
-            .dns_resolver(policy.resolver())
-            // A receiver's redirect is its answer, not an instruction to
-            // deliver the payload somewhere else.
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(timeout)
-            .pool_max_idle_per_host(concurrency)
-            .build()?;
-        Ok(HttpDeliverer {
-            client,
+    ) -> Result<Self, EgressError> {
+        let base = Base {
             timeout,
-            policy,
+            concurrency,
+        };
+        let clients = Clients::build(&policy, &base, &Egress::default(), &Routes::default())?;
+        Ok(HttpDeliverer {
+            clients: Arc::new(clients),
+            base,
+            policy: Arc::new(policy),
             signing: Arc::default(),
         })
     }
@@ -84,6 +82,16 @@ impl HttpDeliverer {
     pub fn with_signing(mut self, secrets: Vec<SigningSecret>, routes: Routes) -> Self {
         self.signing = Arc::new(Signing { secrets, routes });
         self
+    }
+
+    /// Sends through `egress`'s proxy, and gives each route with TLS
+    /// material (loaded: [`crate::config::RouteTls::load`]) a client of
+    /// its own. Call it after [`HttpDeliverer::with_signing`], which sets
+    /// the routes.
+    pub fn with_egress(mut self, egress: &Egress) -> Result<Self, EgressError> {
+        let routes = &self.signing.routes;
+        self.clients = Arc::new(Clients::build(&self.policy, &self.base, egress, routes)?);
+        Ok(self)
     }
 
     fn headers(n: &Notification, attempt: u32, secrets: &[SigningSecret]) -> HeaderMap {
@@ -114,10 +122,11 @@ impl HttpDeliverer {
             }
         }
         trace_headers(&mut h, n.trace.as_ref());
-        if !secrets.is_empty() {
+        let live = signing::live(secrets, SystemTime::UNIX_EPOCH + now);
+        if !live.is_empty() {
             // Over the exact bytes sent: the body is sent as stored.
             let body = n.body.as_ref().map_or("", |b| b.get()).as_bytes();
-            let sig = signature_header(secrets, &n.id, now.as_secs(), body);
+            let sig = signature_header(&live, &n.id, now.as_secs(), body);
             if let Ok(v) = HeaderValue::from_str(&sig) {
                 h.insert(HeaderName::from_static("webhook-signature"), v);
             }
@@ -138,9 +147,15 @@ impl DeliveryHandler for HttpDeliverer {
         let secrets = route
             .and_then(|r| r.secrets.as_deref())
             .unwrap_or(&self.signing.secrets);
-        let timeout = route.and_then(|r| r.timeout).unwrap_or(self.timeout);
-        let mut req = self
-            .client
+        let timeout = route.and_then(|r| r.timeout).unwrap_or(self.base.timeout);
+        if self.clients.proxied {
+            if let Err(b) = self.policy.check_target(&n.url).await {
+                return AttemptResult::Refused {
+                    error: b.to_string(),
+                };
+            }
+        }
+        let mut req = (self.clients.get(route))
             .request(n.method.clone(), n.url.clone())
             .timeout(timeout)
             .headers(Self::headers(n, attempt, secrets));
@@ -221,7 +236,11 @@ fn describe(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
         return format!("timed out after {}", humantime::format_duration(timeout));
     }
-    let kind = if e.is_connect() {
+    let kind = if is_tls(e) {
+        // A handshake refused either way: an untrusted certificate, or a
+        // receiver that wants a client certificate it did not get.
+        "TLS failed"
+    } else if e.is_connect() {
         "connection failed"
     } else if e.is_body() || e.is_decode() {
         "reading the response failed"
@@ -237,6 +256,22 @@ fn describe(e: &reqwest::Error, timeout: Duration) -> String {
         s = s.replace(url.as_str(), "<url>");
     }
     s
+}
+
+/// Whether a TLS error is among the causes (rustls' errors travel inside
+/// `io::Error`s, whose `source` skips them).
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let io = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+        if err.is::<rustls::Error>() || io.is_some_and(|inner| inner.is::<rustls::Error>()) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// `Retry-After` is either delay-seconds or an HTTP date.

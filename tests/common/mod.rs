@@ -172,6 +172,7 @@ pub mod harness;
 pub mod metrics;
 pub mod otlp;
 pub mod process;
+pub mod proxy;
 pub mod receiver;
 
 #[allow(unused_imports)] // not every test file starts the binary

@@ -69,6 +69,13 @@ impl Proc {
         super::harness::sigterm(&self.child);
     }
 
+    /// SIGINT, as Ctrl-C sends.
+    pub fn sigint(&self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+    }
+
     /// Waits for the exit; kills it and fails the test after `within`.
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let st = super::harness::wait_exit(&mut self.child, within);

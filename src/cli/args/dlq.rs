@@ -16,7 +16,9 @@ pub enum DlqCommand {
         /// The notification id.
         id: String,
     },
-    /// Republish dead letters to the work queue with a fresh attempt counter.
+    /// Republish dead letters to the work queue with a fresh attempt counter,
+    /// paced by --rate. Ctrl-C stops cleanly (what is left stays, in order);
+    /// the same command again continues there, replaying nothing twice.
     Replay(DlqReplayArgs),
     /// Delete dead letters (requires --yes; without it, counts and exits 1).
     Purge(DlqPurgeArgs),
@@ -66,9 +68,20 @@ pub struct DlqReplayArgs {
     /// At most this many.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Only list what would be replayed.
+    /// Only list what would be replayed, with the count and, with --rate,
+    /// how long it would take.
     #[arg(long)]
     pub dry_run: bool,
+    /// Republish at most this many per interval (N/s, N/min, N/h), so a
+    /// receiver that just came back is not flooded (default: as fast as
+    /// the broker confirms). Its workers deliver them as they arrive.
+    #[arg(long, value_name = "N/s")]
+    pub rate: Option<crate::policy::Rate>,
+    /// Republishes in flight before their confirms are awaited and the dead
+    /// letters removed. A stop (Ctrl-C) settles the batch first; a kill -9
+    /// may replay at most one batch twice.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch: u32,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -94,7 +94,7 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Consume the work queue and deliver notifications over HTTP.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Publish notifications (one from flags, or JSON lines from a file).
     Publish(PublishArgs),
     /// Inspect, replay, purge or export dead letters.

@@ -56,6 +56,28 @@ pub struct RunArgs {
     /// Networks to allow even when refused above, e.g. 10.20.0.0/16.
     #[arg(long, env = "REDELIVER_ALLOW_CIDR", value_delimiter = ',')]
     pub allow_cidr: Vec<ipnet::IpNet>,
+    /// Deliver through this proxy: http://host:port (CONNECT for https
+    /// receivers), socks5://host:port or socks5h:// (the proxy resolves
+    /// names); user:password@ is allowed and never printed. `env` uses the
+    /// standard HTTP_PROXY / HTTPS_PROXY / ALL_PROXY / NO_PROXY variables,
+    /// which are ignored otherwise. The SSRF guard still checks each
+    /// receiver, never the proxy.
+    #[arg(
+        long,
+        env = "REDELIVER_PROXY",
+        hide_env_values = true,
+        value_name = "URL|env"
+    )]
+    pub proxy: Option<crate::config::ProxySetting>,
+    /// Hosts that bypass --proxy URL, in NO_PROXY syntax
+    /// (e.g. "localhost,.internal,10.0.0.0/8").
+    #[arg(
+        long,
+        env = "REDELIVER_NO_PROXY",
+        value_name = "HOSTS",
+        requires = "proxy"
+    )]
+    pub no_proxy: Option<String>,
     /// How long to wait for the broker to confirm a retry or dead-letter.
     #[arg(long, env = "REDELIVER_CONFIRM_TIMEOUT", default_value = "30s", value_parser = confirm_timeout)]
     pub confirm_timeout: Duration,
@@ -90,7 +112,9 @@ pub struct RunArgs {
     pub admin_addr: Option<String>,
     /// Sign every request (Standard Webhooks `webhook-signature`) with this
     /// `whsec_...` secret. Repeat (or comma-separate) to rotate keys: each
-    /// secret adds a signature. Never printed.
+    /// secret adds a signature. `whsec_...@2026-12-01T00:00:00Z` stops
+    /// signing with it at that time (UTC), without a restart: the old
+    /// secret's grace period in a rotation. Never printed.
     #[arg(
         long,
         env = "REDELIVER_SIGNING_SECRET",

@@ -26,20 +26,21 @@ use crate::message::state::{
     H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DEFERRALS, H_DELAY, H_FIRST_AT, H_FIRST_SEEN,
     H_LAST_ERROR, H_LAST_STATUS,
 };
-use crate::publish::{PublishError, Publisher};
+use crate::publish::PublishError;
 use crate::topology::Topology;
+use lapin::message::Delivery;
 use reader::Reader;
 
 mod reader;
+mod replay;
 
-/// What to do with each selected dead letter.
+pub use replay::{replay, ReplayOptions, ReplayProgress};
+
+/// What to do with each selected dead letter (replaying is [`replay`]'s).
 #[derive(Clone, Copy)]
-pub enum Op<'a> {
+pub enum Op {
     /// Leave it where it is (list, show, export, dry runs).
     Keep,
-    /// Republish it to the work queue with a fresh attempt counter, and
-    /// remove it once the broker confirmed the republish.
-    Replay(&'a Publisher),
     /// Remove it.
     Purge,
 }
@@ -71,7 +72,7 @@ pub async fn walk(
     topology: &Topology,
     filter: &Filter,
     limit: Option<usize>,
-    op: Op<'_>,
+    op: Op,
     mut visit: impl FnMut(&DeadLetter),
 ) -> Result<Summary, DlqError> {
     let total = dead_letters_now(conn, topology).await?;
@@ -93,7 +94,10 @@ pub async fn walk(
 
 /// Only what is there now: dead letters that arrive during the walk are
 /// left for the next one.
-async fn dead_letters_now(conn: &Connection, topology: &Topology) -> Result<usize, DlqError> {
+pub(super) async fn dead_letters_now(
+    conn: &Connection,
+    topology: &Topology,
+) -> Result<usize, DlqError> {
     let ch = conn.create_channel().await?;
     let total = match topology.dead_count(&ch).await {
         Ok(n) => n,
@@ -110,7 +114,7 @@ async fn take(
     total: usize,
     filter: &Filter,
     limit: Option<usize>,
-    op: Op<'_>,
+    op: Op,
     visit: &mut impl FnMut(&DeadLetter),
 ) -> Result<Summary, DlqError> {
     let now = crate::clock::now_ms();
@@ -120,39 +124,46 @@ async fn take(
             break;
         };
         s.seen += 1;
-        if limit.is_some_and(|l| s.selected >= l) {
-            continue; // taken only to keep the order (see above)
-        }
-        let props = &m.properties;
-        let message_id = props.message_id().as_ref().map(|m| m.to_string());
-        let d = DeadLetter::from_message(&m.data, props.headers().as_ref(), message_id.as_deref());
-        if !filter.matches(&d, now) {
+        let Some(d) = selected(&m, filter, limit, now, &mut s) else {
             continue;
-        }
-        s.selected += 1;
+        };
         visit(&d);
-        match op {
-            Op::Keep => continue,
-            Op::Replay(p) => p
-                .to_work_queue(&m.data, fresh(props))
-                .await
-                .map_err(|source| DlqError::Republish {
-                    id: d.id.clone(),
-                    source,
-                })?,
-            Op::Purge => {}
+        if let Op::Purge = op {
+            reader.ack(reader.window(), &m).await?;
+            s.done += 1;
         }
-        reader.ack(&m).await?;
-        s.done += 1;
     }
     Ok(s)
+}
+
+/// The dead letter in `m` if the filter selects it and the limit has room
+/// (counted in `s.selected`). One past the limit is still taken, only to
+/// keep the order (see above).
+fn selected(
+    m: &Delivery,
+    filter: &Filter,
+    limit: Option<usize>,
+    now_ms: i64,
+    s: &mut Summary,
+) -> Option<DeadLetter> {
+    if limit.is_some_and(|l| s.selected >= l) {
+        return None;
+    }
+    let props = &m.properties;
+    let message_id = props.message_id().as_ref().map(|m| m.to_string());
+    let d = DeadLetter::from_message(&m.data, props.headers().as_ref(), message_id.as_deref());
+    if !filter.matches(&d, now_ms) {
+        return None;
+    }
+    s.selected += 1;
+    Some(d)
 }
 
 /// The properties for a replay: the attempt counter, the deferral count,
 /// when its age started and the death record are dropped (so a replayed
 /// `expired` notification gets a new max age); the id and the attempt
 /// history stay.
-fn fresh(props: &BasicProperties) -> BasicProperties {
+pub(super) fn fresh(props: &BasicProperties) -> BasicProperties {
     let stale = [
         H_ATTEMPT,
         H_DEAD_AT,

@@ -22,9 +22,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use tracing::warn;
@@ -104,14 +102,21 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Removes `d`, the message [`Reader::next`] gave last, from the queue
-    /// (it was replayed or purged).
-    pub(super) async fn ack(&mut self, d: &Delivery) -> Result<(), lapin::Error> {
+    /// Removes `d`, a message [`Reader::next`] gave, from the queue (it was
+    /// replayed or purged).
+    /// `window` is what [`Reader::window`] said when `d` was taken: a
+    /// replay acks a batch after its confirms, maybe from an earlier window.
+    pub(super) async fn ack(&mut self, window: usize, d: &Delivery) -> Result<(), lapin::Error> {
         d.acker.ack(BasicAckOptions::default()).await?;
-        if let Some(w) = self.windows.last_mut() {
+        if let Some(w) = self.windows.get_mut(window) {
             w.unacked -= 1;
         }
         Ok(())
+    }
+
+    /// The window the message [`Reader::next`] gave last belongs to.
+    pub(super) fn window(&self) -> usize {
+        self.windows.len().saturating_sub(1)
     }
 
     /// Gives every kept message back, window by window, in order. Best
@@ -219,12 +224,5 @@ async fn wait_ready(probe: &Channel, queue: &str, want: u64) {
 
 /// Messages ready in `queue` (not counting unacked ones).
 async fn ready_on(ch: &Channel, queue: &str) -> Result<u64, lapin::Error> {
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let q = ch
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await?;
-    Ok(u64::from(q.message_count()))
+    crate::topology::ready_count(ch, queue).await.map(u64::from)
 }

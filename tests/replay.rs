@@ -1,0 +1,155 @@
+//! `dlq replay --rate`: a paced replay holds its rate at the receiver, and
+//! one stopped by Ctrl-C leaves the rest in order and continues when run
+//! again, delivering each notification once.
+
+#[macro_use]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::dead_letters::{dead, ids_of, now_ms};
+use common::harness::*;
+use common::process::Proc;
+use common::receiver::{Receiver, Recorded, Reply};
+use common::TestApp;
+use redeliver::delay::DelayBackend;
+
+/// The most requests the receiver got within any one second.
+fn peak_per_second(requests: &[Recorded]) -> usize {
+    let mut at: Vec<Instant> = requests.iter().map(|r| r.at).collect();
+    at.sort();
+    let mut peak = 0;
+    for (i, start) in at.iter().enumerate() {
+        let within = at[i..]
+            .iter()
+            .take_while(|t| t.duration_since(*start) < Duration::from_secs(1))
+            .count();
+        peak = peak.max(within);
+    }
+    peak
+}
+
+fn assert_each_once(rx: &Receiver, n: usize) {
+    let by_id = rx.count_by_id();
+    assert_eq!(by_id.len(), n, "every notification delivered");
+    let twice: Vec<_> = by_id.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paced_replay_holds_its_rate_at_the_receiver() {
+    let app = TestApp::new("pace", DelayBackend::Cascade);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let url = rx.url("/hook");
+    let items: Vec<_> = (0..2000)
+        .map(|i| dead(&format!("p{i}"), &url, "max-attempts", now_ms()))
+        .collect();
+    app.publish_to_queue("dead", &items).await;
+    let w = app.spawn_worker(schedule_settings("1s", 3, 16));
+
+    let args = ["dlq", "replay", "--all", "--rate", "200/s"];
+    let dry = stdout(&app.cli(&[&args[..], &["--dry-run"]].concat()));
+    let expect = "2000 would be replayed (dry run); at 200/s that takes about 10s";
+    assert!(dry.contains(expect), "{dry}");
+    assert_eq!(
+        app.queue_len("dead").await,
+        2000,
+        "a dry run changes nothing"
+    );
+
+    let started = Instant::now();
+    let out = app.cli(&args);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(stdout(&out).contains("replayed 2000"), "{}", stdout(&out));
+    assert!(wait_until(Duration::from_secs(30), || rx.count() >= 2000).await);
+    assert_quiet_for(Duration::from_millis(500), "requests", || rx.count()).await;
+    w.stop().await;
+    let peak = peak_per_second(&rx.requests());
+    println!("2000 dead letters at 200/s: {took:.2?}, receiver peak {peak}/s");
+    assert!(
+        (9.0..=12.0).contains(&took.as_secs_f64()),
+        "took {took:?}, not 9-12 s"
+    );
+    assert!(peak <= 220, "the receiver saw {peak} in one second");
+    assert_each_once(&rx, 2000);
+    assert_eq!(app.queue_len("dead").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_stopped_by_ctrl_c_continues_where_it_stopped() {
+    let app = TestApp::new("resume", DelayBackend::Cascade);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let url = rx.url("/hook");
+    // Every third one is not selected, so the order that is checked has
+    // kept dead letters between replayed ones.
+    let reason = |i: usize| {
+        if i.is_multiple_of(3) {
+            "expired"
+        } else {
+            "max-attempts"
+        }
+    };
+    let ids: Vec<String> = (0..600).map(|i| format!("r{i:03}")).collect();
+    let items: Vec<_> = (ids.iter().enumerate())
+        .map(|(i, id)| dead(id, &url, reason(i), now_ms()))
+        .collect();
+    app.publish_to_queue("dead", &items).await;
+    let w = app.spawn_worker(schedule_settings("1s", 3, 16));
+    let args = [
+        "dlq",
+        "replay",
+        "--reason",
+        "max-attempts",
+        "--rate",
+        "100/s",
+    ];
+
+    let mut first = Proc::spawn({
+        let mut c = app.command();
+        c.args(args);
+        c
+    });
+    assert!(wait_until(Duration::from_secs(20), || rx.count() >= 100).await);
+    first.sigint();
+    let status = first.wait_exit(Duration::from_secs(30));
+    let stderr = first.stderr().join("\n");
+    assert!(!status.success(), "a stopped replay is not a finished one");
+    assert!(stderr.contains("run the same command again"), "{stderr}");
+    let done: usize = (first.stdout().iter())
+        .find_map(|l| l.strip_prefix("replayed ")?.parse().ok())
+        .expect("it says how many it replayed");
+    assert!((100..400).contains(&done), "stopped halfway: {done}");
+
+    // The first `done` selected ones are gone; the rest are there, in order.
+    let selected: Vec<&String> = (ids.iter().enumerate())
+        .filter(|(i, _)| reason(*i) == "max-attempts")
+        .map(|(_, id)| id)
+        .collect();
+    let replayed = &selected[..done];
+    let left: Vec<String> = (ids.iter())
+        .filter(|id| !replayed.contains(id))
+        .cloned()
+        .collect();
+    let export = stdout(&app.cli(&["dlq", "export"]));
+    assert_eq!(ids_of(&export), left, "the rest, unchanged and in order");
+
+    let again = app.cli(&args);
+    let out = stdout(&again);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(out.contains(&format!("replayed {}", 400 - done)), "{out}");
+    assert!(wait_until(Duration::from_secs(30), || rx.count() >= 400).await);
+    assert_quiet_for(Duration::from_millis(500), "requests", || rx.count()).await;
+    w.stop().await;
+    assert_each_once(&rx, 400);
+    let kept: Vec<String> = (ids.iter().enumerate())
+        .filter(|(i, _)| reason(*i) == "expired")
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!(ids_of(&stdout(&app.cli(&["dlq", "export"]))), kept);
+}
