@@ -121,16 +121,18 @@ async fn proxy_env_reads_the_variables_and_honours_no_proxy() {
 }
 
 /// The guard judges the target, which the proxy would resolve, and never
-/// the proxy: one on 127.0.0.2 works under `--deny-private`.
+/// the proxy: one named `localhost` (a refused address under
+/// `--deny-private`) works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_ssrf_guard_checks_the_target_not_the_proxy() {
     let app = TestApp::new("proxyguard", DelayBackend::Cascade);
     // Loopback addresses are private: only the receiver's is let through.
     let rx = Receiver::start_on("127.0.0.3:0", |_| Reply::status(200)).await;
-    let proxy = Proxy::http_on("127.0.0.2").await;
+    let proxy = Proxy::http().await;
+    let by_its_name = proxy.url.replace("127.0.0.1", "localhost");
     let args = [
         "--proxy",
-        &proxy.url,
+        &by_its_name,
         "--deny-private",
         "--allow-cidr",
         "127.0.0.3/32",
@@ -298,5 +300,20 @@ fn bad_client_certificate_files_are_clear_start_up_errors() {
             assert!(!err.contains("panicked"), "{err}");
         }
         let _ = std::fs::remove_file(&path);
+    }
+}
+
+#[test]
+fn a_bad_proxy_is_refused_without_echoing_it() {
+    for bad in ["htp://user:hunter2@proxy:1", "user:hunter2@proxy:1"] {
+        let o = common::redeliver_command()
+            .args(["--amqp-url", "amqp://guest:guest@127.0.0.1:1/%2f", "run"])
+            .args(["--proxy", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{bad}");
+        assert!(err.contains("--proxy"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
     }
 }

@@ -153,3 +153,40 @@ async fn a_replay_stopped_by_ctrl_c_continues_where_it_stopped() {
         .collect();
     assert_eq!(ids_of(&stdout(&app.cli(&["dlq", "export"]))), kept);
 }
+
+/// More dead letters than two read windows (2,000 each) hold, few of them
+/// selected: the batch in flight when the window fills is settled before
+/// the walk moves on, so none is skipped and the kept ones keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sparse_replay_past_two_windows_skips_none_and_keeps_the_order() {
+    let app = TestApp::new("sparse", DelayBackend::Cascade);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let url = rx.url("/hook");
+    // Every 7th: a batch of 100 is part-filled when the first window fills.
+    let picked = |i: usize| i.is_multiple_of(7);
+    let ids: Vec<String> = (0..5_000).map(|i| format!("s{i:04}")).collect();
+    let reason = |i: usize| if picked(i) { "max-attempts" } else { "expired" };
+    let items: Vec<_> = (ids.iter().enumerate())
+        .map(|(i, id)| dead(id, &url, reason(i), now_ms()))
+        .collect();
+    app.publish_to_queue("dead", &items).await;
+    let w = app.spawn_worker(schedule_settings("1s", 3, 16));
+    let out = app.cli(&["dlq", "replay", "--reason", "max-attempts"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let n = (0..5_000).filter(|i| picked(*i)).count();
+    assert!(
+        stdout(&out).contains(&format!("replayed {n}")),
+        "{}",
+        stdout(&out)
+    );
+    assert!(wait_until(Duration::from_secs(30), || rx.count() >= n).await);
+    assert_quiet_for(Duration::from_millis(300), "requests", || rx.count()).await;
+    w.stop().await;
+    assert_each_once(&rx, n);
+    let kept: Vec<String> = (ids.iter().enumerate())
+        .filter(|(i, _)| !picked(*i))
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!(ids_of(&stdout(&app.cli(&["dlq", "export"]))), kept);
+}

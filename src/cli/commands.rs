@@ -110,7 +110,7 @@ pub async fn run(
         .context("building the HTTP client")?
         .with_signing(secrets, settings.routes.clone())
         .with_egress(&Egress {
-            proxy: args.proxy.clone().unwrap_or_default(),
+            proxy: args.proxy.as_deref().unwrap_or_default().parse()?,
             no_proxy: args.no_proxy.clone(),
         })?;
     // The admin endpoint outlives the worker's drain, so `/readyz` answers

@@ -9,7 +9,7 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use crate::cli::file::{arg_id, known_keys, merged_matches, ConfigFile};
-use crate::config::{expiry_warning, redact_url, SigningSecret};
+use crate::config::{expiry_warning, redact_url, ProxySetting, SigningSecret};
 use std::time::SystemTime;
 
 /// Validates a file; the error names the line.
@@ -34,7 +34,8 @@ pub fn check(path: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
 fn secret_warnings(f: &ConfigFile, now: SystemTime) -> Vec<String> {
     let run = f.run.iter().filter(|s| s.key == "signing-secret");
     let run = run.flat_map(|s| {
-        let parsed = s.values.iter().filter_map(|v| v.parse().ok());
+        let each = s.values.iter().flat_map(|v| v.split(','));
+        let parsed = each.filter_map(|v| v.parse().ok());
         parsed.map(|secret| (format!("line {}", s.line), secret))
     });
     let routes = f.routes.iter().flat_map(|r| {
@@ -162,26 +163,26 @@ fn print_section(
                 None => "default".to_string(),
             },
         };
-        let value = match key.as_str() {
-            "amqp-url" | "proxy" => values
-                .iter()
-                .map(|v| quote(&redact_url(v)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            "signing-secret" => redacted_list(values.len()),
-            _ if values.len() == 1 => literal(&values[0]),
-            _ => format!(
-                "[{}]",
-                values
-                    .iter()
-                    .map(|v| literal(v))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+        let value = shown(&key, &values);
         writeln!(out, "{key} = {value}  # {source}")?;
     }
     Ok(())
+}
+
+/// A setting's value as `config show` prints it: URLs without their
+/// password, secrets not at all.
+fn shown(key: &str, values: &[String]) -> String {
+    let each = |f: &dyn Fn(&String) -> String| values.iter().map(f).collect::<Vec<_>>().join(", ");
+    match key {
+        "proxy" => each(&|v| match v.parse::<ProxySetting>() {
+            Ok(p) => quote(&p.to_string()),
+            Err(_) => quote("<invalid>"),
+        }),
+        "amqp-url" => each(&|v| quote(&redact_url(v))),
+        "signing-secret" => redacted_list(values.len()),
+        _ if values.len() == 1 => literal(&values[0]),
+        _ => format!("[{}]", each(&|v| literal(v))),
+    }
 }
 
 /// Numbers and booleans bare, everything else a TOML string.

@@ -52,11 +52,19 @@ pub async fn dlq_replay(
     let _ = conn.close(200, "".into()).await;
     let s = result?;
     writeln!(out, "replayed {}", s.done)?;
-    if stop.is_cancelled() && s.seen < reporter.total {
+    if s.seen < s.total && stop.is_cancelled() {
         bail!(
             "stopped after replaying {}: the rest stay in the dead-letter queue, in order; \
              run the same command again to continue",
             s.done
+        );
+    }
+    if s.seen < s.total {
+        bail!(
+            "looked at {} of the {} dead letters there were at the start (another consumer or \
+             dlq command holds the rest); run the same command again to continue",
+            s.seen,
+            s.total
         );
     }
     Ok(s)
@@ -96,7 +104,6 @@ struct Reporter {
     bar: Option<ProgressBar>,
     rate: Option<Rate>,
     last_line: Instant,
-    total: usize,
 }
 
 impl Reporter {
@@ -106,12 +113,10 @@ impl Reporter {
             bar: None,
             rate,
             last_line: Instant::now(),
-            total: usize::MAX,
         }
     }
 
     fn update(&mut self, p: &ReplayProgress) {
-        self.total = p.total;
         if self.terminal {
             let bar = self.bar.get_or_insert_with(|| new_bar(p.total));
             bar.set_position(p.seen as u64);

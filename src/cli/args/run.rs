@@ -68,7 +68,9 @@ pub struct RunArgs {
         hide_env_values = true,
         value_name = "URL|env"
     )]
-    pub proxy: Option<crate::config::ProxySetting>,
+    // Parsed in `run`, not by clap, whose error would repeat the value
+    // (and a password in it).
+    pub proxy: Option<String>,
     /// Hosts that bypass --proxy URL, in NO_PROXY syntax
     /// (e.g. "localhost,.internal,10.0.0.0/8").
     #[arg(

@@ -47,6 +47,8 @@ pub enum Op {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
+    /// Dead letters in the queue when the walk started.
+    pub total: usize,
     /// Dead letters looked at.
     pub seen: usize,
     /// Dead letters that matched the filter (and the limit).
@@ -81,6 +83,14 @@ pub async fn walk(
     // Also after an error: the kept messages go back in order.
     reader.finish().await;
     let s = result?;
+    warn_if_short(&s);
+    Ok(s)
+}
+
+/// A walk that ended before it looked at every dead letter counted at its
+/// start, other than by a stop: said in the log.
+fn warn_if_short(s: &Summary) {
+    let total = s.total;
     if s.seen < total {
         warn!(
             read = s.seen,
@@ -89,7 +99,6 @@ pub async fn walk(
              (another consumer, or another dlq command, holds the rest)"
         );
     }
-    Ok(s)
 }
 
 /// Only what is there now: dead letters that arrive during the walk are
@@ -118,7 +127,10 @@ async fn take(
     visit: &mut impl FnMut(&DeadLetter),
 ) -> Result<Summary, DlqError> {
     let now = crate::clock::now_ms();
-    let mut s = Summary::default();
+    let mut s = Summary {
+        total,
+        ..Summary::default()
+    };
     while s.seen < total {
         let Some(m) = reader.next().await? else {
             break;

@@ -69,11 +69,7 @@ impl<'a> Reader<'a> {
     /// The next message, or `None` when the queue has nothing more to give.
     /// The message counts as kept until [`Reader::ack`] removes it.
     pub(super) async fn next(&mut self) -> Result<Option<Delivery>, lapin::Error> {
-        let full = self
-            .windows
-            .last()
-            .is_none_or(|w| w.unacked >= usize::from(WINDOW));
-        if full {
+        if self.window_full() {
             self.open().await?;
         }
         let mut empty_looks = 0;
@@ -112,6 +108,14 @@ impl<'a> Reader<'a> {
             w.unacked -= 1;
         }
         Ok(())
+    }
+
+    /// Whether the next [`Reader::next`] opens a new window: the current
+    /// one holds [`WINDOW`] unacked messages (or there is none yet).
+    pub(super) fn window_full(&self) -> bool {
+        self.windows
+            .last()
+            .is_none_or(|w| w.unacked >= usize::from(WINDOW))
     }
 
     /// The window the message [`Reader::next`] gave last belongs to.

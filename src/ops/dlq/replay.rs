@@ -77,7 +77,10 @@ pub async fn replay(
         opts,
         started: Instant::now(),
         total,
-        s: Summary::default(),
+        s: Summary {
+            total,
+            ..Summary::default()
+        },
         batch: Vec::with_capacity(opts.batch),
     };
     let result = run.go(filter, limit, &mut progress).await;
@@ -109,13 +112,19 @@ impl Run<'_, '_> {
         let now_ms = crate::clock::now_ms();
         let mut pacer = Pacer::default();
         let stop = self.opts.stop.clone();
+        // `stop` is checked between messages, not raced with `next`, which
+        // may be opening a window (a consumer must never go untracked);
+        // `next` returns within two idle looks anyway.
         while self.s.seen < self.total && !stop.is_cancelled() {
-            let next = tokio::select! {
-                biased;
-                () = stop.cancelled() => break,
-                m = self.reader.next() => m?,
+            if self.reader.window_full() {
+                // Before the walk moves to a new window: acking the batch
+                // later would free room on a consumer no longer read, and
+                // the broker would push it messages nobody takes.
+                self.settle().await?;
+            }
+            let Some(m) = self.reader.next().await? else {
+                break;
             };
-            let Some(m) = next else { break };
             let window = self.reader.window();
             self.s.seen += 1;
             if let Some(d) = selected(&m, filter, limit, now_ms, &mut self.s) {
