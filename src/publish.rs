@@ -176,19 +176,10 @@ impl Publisher {
             .await
     }
 
-    /// Publishes to the work queue only (used by replay).
-    pub async fn to_work_queue(
-        &self,
-        payload: &[u8],
-        props: BasicProperties,
-    ) -> Result<(), PublishError> {
-        self.confirmed("", &self.topology.work, true, payload, props)
-            .await
-    }
-
     /// Publishes to `exchange` with `key` and waits for the broker's
     /// confirm: the building block of every publish above, and of the
-    /// holder's release to the cascade's exit.
+    /// holder's release to the cascade's exit. One confirm timeout bounds
+    /// the whole round trip.
     pub async fn confirmed(
         &self,
         exchange: &str,
@@ -197,8 +188,13 @@ impl Publisher {
         payload: &[u8],
         props: BasicProperties,
     ) -> Result<(), PublishError> {
-        let pending = self.start(exchange, key, mandatory, payload, props).await?;
-        self.settle(pending).await
+        let round_trip = async {
+            let pending = self
+                .publish(exchange, key, mandatory, payload, props)
+                .await?;
+            pending.await
+        };
+        self.bounded(round_trip).await.and_then(confirmation)
     }
 
     /// Publishes to the work queue and hands back the confirm, for a caller
@@ -209,41 +205,50 @@ impl Publisher {
         payload: &[u8],
         props: BasicProperties,
     ) -> Result<lapin::PublisherConfirm, PublishError> {
-        self.start("", &self.topology.work, true, payload, props)
-            .await
+        let publish = self.publish("", &self.topology.work, true, payload, props);
+        self.bounded(publish).await
     }
 
-    async fn start(
+    /// Waits for a started publish's confirm, at most the confirm timeout.
+    pub async fn settle(&self, pending: lapin::PublisherConfirm) -> Result<(), PublishError> {
+        self.bounded(pending).await.and_then(confirmation)
+    }
+
+    async fn publish(
         &self,
         exchange: &str,
         key: &str,
         mandatory: bool,
         payload: &[u8],
         props: BasicProperties,
-    ) -> Result<lapin::PublisherConfirm, PublishError> {
+    ) -> Result<lapin::PublisherConfirm, lapin::Error> {
         let opts = BasicPublishOptions {
             mandatory,
             ..Default::default()
         };
-        let publish =
-            self.channel()
-                .basic_publish(exchange.into(), key.into(), opts, payload, props);
-        match tokio::time::timeout(self.confirm_timeout, publish).await {
+        self.channel()
+            .basic_publish(exchange.into(), key.into(), opts, payload, props)
+            .await
+    }
+
+    /// `step`, cut short after the confirm timeout.
+    async fn bounded<T>(
+        &self,
+        step: impl std::future::Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<T, PublishError> {
+        match tokio::time::timeout(self.confirm_timeout, step).await {
             Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
             Ok(r) => Ok(r?),
         }
     }
+}
 
-    /// Waits for a started publish's confirm, at most the confirm timeout.
-    pub async fn settle(&self, pending: lapin::PublisherConfirm) -> Result<(), PublishError> {
-        match tokio::time::timeout(self.confirm_timeout, pending).await {
-            Err(_) => Err(PublishError::ConfirmTimeout(self.confirm_timeout)),
-            Ok(Err(e)) => Err(e.into()),
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(_)))) => Err(PublishError::Unroutable),
-            Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Nacked),
-            Ok(Ok(Confirmation::NotRequested)) => Ok(()),
-        }
+/// The broker's answer to a confirmed publish.
+fn confirmation(c: Confirmation) -> Result<(), PublishError> {
+    match c {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable),
+        Confirmation::Nack(_) => Err(PublishError::Nacked),
     }
 }
 
