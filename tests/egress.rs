@@ -13,12 +13,13 @@ use common::harness::*;
 use common::process::Proc;
 use common::proxy::Proxy;
 use common::receiver::{Receiver, Reply};
+use common::tls_front::{https_front, server_cert};
 use common::TestApp;
 use redeliver::delay::DelayBackend;
 use redeliver::message::state::*;
 use serde_json::json;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 
@@ -173,11 +174,7 @@ fn test_ca() -> PathBuf {
 /// Terminates TLS with the server certificate, requiring a client
 /// certificate from the test CA, and forwards to `plain`.
 async fn mtls_front(tls: &Path, plain: &str) -> String {
-    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(tls.join("server.pem"))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(tls.join("server.key")).unwrap();
+    let (certs, key) = server_cert(tls);
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
         roots.add(c.unwrap()).unwrap();
@@ -192,25 +189,7 @@ async fn mtls_front(tls: &Path, plain: &str) -> String {
         .with_client_cert_verifier(verifier)
         .with_single_cert(certs, key)
         .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let plain = plain.trim_start_matches("http://").to_string();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, plain) = (acceptor.clone(), plain.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let Ok(mut back) = tokio::net::TcpStream::connect(&plain).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
-            });
-        }
-    });
-    format!("https://127.0.0.1:{}", addr.port())
+    https_front(config, plain).await
 }
 
 fn config_file(app: &TestApp, text: &str) -> PathBuf {

@@ -14,10 +14,9 @@ use std::time::Duration;
 use common::harness::wait_until;
 use common::process::Proc;
 use common::receiver::{Receiver, Reply};
+use common::tls_front::server_cert;
 use common::{ctl_env, DownWhenLast, TestApp};
 use redeliver::delay::DelayBackend;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 
 const PORT: u16 = 5690;
@@ -42,11 +41,7 @@ fn node_up() -> (String, PathBuf) {
 /// Terminates TLS on 127.0.0.1:0 with the node's server certificate and
 /// forwards the bytes to `plain` (the recording receiver).
 async fn https_front(tls_dir: &Path, plain: &str) -> String {
-    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(tls_dir.join("server.pem"))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(tls_dir.join("server.key")).unwrap();
+    let (certs, key) = server_cert(tls_dir);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -54,25 +49,7 @@ async fn https_front(tls_dir: &Path, plain: &str) -> String {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let plain = plain.trim_start_matches("http://").to_string();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, plain) = (acceptor.clone(), plain.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let Ok(mut back) = tokio::net::TcpStream::connect(&plain).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
-            });
-        }
-    });
-    format!("https://127.0.0.1:{}", addr.port())
+    common::tls_front::https_front(config, plain).await
 }
 
 /// The node's TLS listener.

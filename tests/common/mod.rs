@@ -174,6 +174,7 @@ pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod receiver;
+pub mod tls_front;
 
 #[allow(unused_imports)] // not every test file starts the binary
 pub use app::{redeliver_command, TestApp};
