@@ -14,6 +14,10 @@ use common::receiver::{Receiver, Recorded, Reply};
 use common::TestApp;
 use redeliver::delay::DelayBackend;
 
+/// One test at a time: the paced test measures the receiver's busiest
+/// second, which a heavy replay beside it (CPU for its worker) would bunch.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The most requests the receiver got within any one second.
 fn peak_per_second(requests: &[Recorded]) -> usize {
     let mut at: Vec<Instant> = requests.iter().map(|r| r.at).collect();
@@ -38,6 +42,7 @@ fn assert_each_once(rx: &Receiver, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paced_replay_holds_its_rate_at_the_receiver() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let app = TestApp::new("pace", DelayBackend::Cascade);
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let url = rx.url("/hook");
@@ -79,6 +84,7 @@ async fn a_paced_replay_holds_its_rate_at_the_receiver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replay_stopped_by_ctrl_c_continues_where_it_stopped() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let app = TestApp::new("resume", DelayBackend::Cascade);
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let url = rx.url("/hook");
@@ -159,6 +165,7 @@ async fn a_replay_stopped_by_ctrl_c_continues_where_it_stopped() {
 /// the walk moves on, so none is skipped and the kept ones keep their order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sparse_replay_past_two_windows_skips_none_and_keeps_the_order() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let app = TestApp::new("sparse", DelayBackend::Cascade);
     let rx = Receiver::start(|_| Reply::status(200)).await;
     let url = rx.url("/hook");
