@@ -119,11 +119,11 @@ impl Publisher {
         if let Some(t) = &n.trace {
             t.write(&mut headers);
         }
+        let run = crate::message::state::long_string(&n.run);
+        headers.insert(crate::message::run::H_RUN.into(), run);
         match delay {
             None => {
-                if !headers.inner().is_empty() {
-                    props = props.with_headers(headers);
-                }
+                props = props.with_headers(headers);
                 self.confirmed(&self.topology.intake, "", true, &n.payload, props)
                     .await
             }
@@ -349,6 +349,8 @@ pub struct Prepared {
     /// W3C trace context for its AMQP headers (`traceparent`,
     /// `tracestate`): each attempt's span continues it.
     pub trace: Option<TraceContext>,
+    /// This publish's run (`redeliver-run`), drawn once: sent again, it is the same run.
+    pub run: String,
 }
 
 /// Validates one JSON notification and assigns an id when it has none.
@@ -375,6 +377,7 @@ pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage>
         id: n.id,
         payload,
         trace: None,
+        run: message::run::new_run(),
     })
 }
 

@@ -274,6 +274,32 @@ pub(crate) fn dead_args(queue_type: QueueType) -> FieldTable {
     }
 }
 
+impl TopologyError {
+    /// Whether the broker refused a declare for a moment only: RabbitMQ
+    /// answers `NOT_FOUND - home node '...' of durable queue '...' is down
+    /// or inaccessible` when a durable queue's record exists but its
+    /// process does not run yet, as while another connection is creating
+    /// that quorum queue (a fleet starting at once, each worker declaring
+    /// the cascade's 121 queues); 4.3.6 did so on a single node. Declared
+    /// again, the queue is found running.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TopologyError::Amqp { source, .. } => match source.kind() {
+                lapin::ErrorKind::ProtocolError(amqp) => {
+                    refused_for_now(&amqp.get_message().to_string())
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// The broker's text for a queue whose process is not running (yet).
+fn refused_for_now(text: &str) -> bool {
+    text.contains("NOT_FOUND") && text.contains("is down or inaccessible")
+}
+
 /// Turns the broker's refusals into sentences an operator can act on.
 pub(crate) fn classify(what: &'static str, name: &str, e: lapin::Error) -> TopologyError {
     if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
@@ -309,4 +335,22 @@ pub(crate) async fn ready_count(ch: &Channel, queue: &str) -> Result<u32, lapin:
         .queue_declare(queue.into(), passive, FieldTable::default())
         .await?;
     Ok(q.message_count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_for_now;
+
+    #[test]
+    fn a_queue_not_running_yet_is_declared_again_and_nothing_else_is() {
+        let home = "NOT_FOUND - home node 'rabbit@h' of durable queue 'p.cascade.1.12' \
+                    in vhost '/' is down or inaccessible";
+        assert!(refused_for_now(home));
+        assert!(!refused_for_now(
+            "NOT_FOUND - no exchange 'p.retry' in vhost '/'"
+        ));
+        assert!(!refused_for_now(
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'"
+        ));
+    }
 }

@@ -74,11 +74,14 @@ async fn a_lone_endpoints_retries_keep_their_schedule(backend: DelayBackend) {
     app.publish(&rx.notifications("s", 12)).await;
     let done = wait_until(Duration::from_secs(30), || rx.count() >= 36).await;
     assert!(done, "{} of 36 requests", rx.count());
+    // Never early, and never held back as the old cap did (5-8 s): late
+    // only by what a busy machine's timers add (in CI, at a load of 13 on
+    // two cores, a 600 ms retry came after 1.17 s).
     for (id, t) in times_by_id(&rx) {
         assert_eq!(t.len(), 3, "{id}");
         let (first, second) = (t[1] - t[0], t[2] - t[1]);
-        assert!(first >= ms(290) && first <= ms(800), "{id}: {first:?}");
-        assert!(second >= ms(590) && second <= ms(1100), "{id}: {second:?}");
+        assert!(first >= ms(290) && first <= ms(3000), "{id}: {first:?}");
+        assert!(second >= ms(590) && second <= ms(3300), "{id}: {second:?}");
     }
 }
 
@@ -122,10 +125,19 @@ fn span(rx: &Receiver) -> Duration {
     last - first
 }
 
+/// The longest time the receiver went without a new request.
+fn longest_gap(rx: &Receiver) -> Duration {
+    let mut at: Vec<_> = rx.requests().iter().map(|r| r.at).collect();
+    at.sort();
+    let gaps = at.windows(2).map(|w| w[1] - w[0]);
+    gaps.max().unwrap_or_default()
+}
+
 /// Drains `healthy` notifications (and, when `hang` is given, one in ten
 /// more to it) with an 8-slot worker on the default isolation; returns
-/// the healthy receiver's span and its most requests in flight at once.
-async fn drain_beside(healthy: usize, hang: Option<&Receiver>) -> (Duration, usize) {
+/// the healthy receiver's span, its most requests in flight at once and
+/// its longest wait for a next request.
+async fn drain_beside(healthy: usize, hang: Option<&Receiver>) -> (Duration, usize, Duration) {
     let app = TestApp::new("beside", PLUGIN);
     // 5 ms, as a quick real receiver: the span measures the slots the
     // healthy one keeps, not how busy the deferrals keep this machine's
@@ -146,33 +158,41 @@ async fn drain_beside(healthy: usize, hang: Option<&Receiver>) -> (Duration, usi
     };
     let handler = HttpDeliverer::new(Duration::from_secs(30), 8).unwrap();
     let w = app.spawn_worker_with(settings, handler);
-    let done = wait_until(Duration::from_secs(60), || ok.count() >= healthy).await;
+    // A wait, not a bound: in CI's 4.3.6 pass, at a load of 14 on two
+    // cores, 3,964 of 4,000 had come after 60 s (what is judged is below:
+    // the slots and the gaps, not how fast this machine is).
+    let done = wait_until(Duration::from_secs(180), || ok.count() >= healthy).await;
     w.stop().await;
     assert!(done, "{} of {healthy} healthy delivered", ok.count());
-    (span(&ok), ok.max_in_flight())
+    (span(&ok), ok.max_in_flight(), longest_gap(&ok))
 }
 
 /// A receiver that hangs for a minute beside a healthy one, 8 slots,
 /// default isolation: the hanging one never has more than one attempt in
 /// flight (a new endpoint starts at one, and it never answers), and the
 /// healthy one gets the seven slots the hanging one cannot use. That is
-/// asserted structurally (the healthy receiver saw 7 at once) and by a
-/// floor on its rate of half its rate alone: without isolation it kept
-/// about 3% (every slot waited on the hanging one). The issue's 0.8 is a
-/// performance figure, measured by `redeliver bench --phase noisy` and
-/// printed here (0.77-0.89 on the 2-core machine); a timed test must not
-/// fail on a slow machine.
+/// asserted structurally: the healthy receiver saw 7 at once, and never
+/// waited 5 s for a next request. Without isolation every slot soon waits
+/// on the hanging one, for the 30 s timeout, and the healthy one kept
+/// about 3% of its rate. The rate beside ÷ alone is printed (0.77-0.89 on
+/// the 2-core machine alone; 0.47 once beside other suites, which is why
+/// it is no longer a floor here): the issue's 0.8 is a performance figure,
+/// measured by `redeliver bench --phase noisy`; a timed test must not fail
+/// on a slow machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hanging_neighbour_keeps_to_its_limit_and_the_healthy_one_its_rate() {
     let _one = ONE_AT_A_TIME.lock().await;
     // Long enough that the first second (the hanging endpoint's first
     // attempts, then its deferrals) is a small part of the span.
     let n = 4000;
-    let (alone, _) = drain_beside(n, None).await;
+    let (alone, _, _) = drain_beside(n, None).await;
     let hang = Receiver::start(|_| Reply::status(200).delay(Duration::from_secs(60))).await;
-    let (beside, healthy_peak) = drain_beside(n, Some(&hang)).await;
+    let (beside, healthy_peak, gap) = drain_beside(n, Some(&hang)).await;
     let ratio = alone.as_secs_f64() / beside.as_secs_f64();
-    println!("healthy alone {alone:?}, beside a hanging one {beside:?}: ratio {ratio:.2}");
+    println!(
+        "healthy alone {alone:?}, beside a hanging one {beside:?}: ratio {ratio:.2}, \
+         longest wait for a request {gap:?}"
+    );
     assert!(
         hang.max_in_flight() <= 1,
         "{} in flight",
@@ -184,7 +204,7 @@ async fn a_hanging_neighbour_keeps_to_its_limit_and_the_healthy_one_its_rate() {
         "the healthy endpoint had at most {healthy_peak} of the 7 free slots"
     );
     assert!(
-        ratio >= 0.5,
-        "healthy rate beside a hanging one: {ratio:.2} of alone"
+        gap < Duration::from_secs(5),
+        "the healthy endpoint waited {gap:?} for a request"
     );
 }

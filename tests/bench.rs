@@ -3,11 +3,16 @@
 //! reports a figure for each (the figures themselves are never judged here:
 //! see BENCHMARKS.md for a full run). The crash phase kills its own worker
 //! only: under `--quick` it never restarts this node, which other tests share.
+//! Its cluster is a three-node cluster of its own (ports 5681-5683), so it
+//! runs beside `tests/cluster.rs`, whose tests kill nodes of theirs.
 
 mod common;
 
 use common::TestApp;
 use redeliver::delay::DelayBackend;
+
+/// Node 1 of the bench's own local cluster (`tests/broker/ctl cluster`).
+const BENCH_CLUSTER_PORT: u16 = 5681;
 
 #[test]
 fn quick_bench_runs_every_phase() {
@@ -15,6 +20,10 @@ fn quick_bench_runs_every_phase() {
     let json = std::env::temp_dir().join(format!("{}.json", app.prefix));
     let out = app
         .command()
+        .env(
+            "REDELIVER_TEST_CLUSTER_PORT",
+            BENCH_CLUSTER_PORT.to_string(),
+        )
         .args(["bench", "--quick", "--json"])
         .arg(&json)
         .output()

@@ -89,8 +89,10 @@ async fn an_always_500_receiver_dead_letters_after_max_attempts_on_schedule() {
     assert!(dead.iter().all(|d| d.int("redeliver-attempt") == Some(2)));
     for (id, a) in attempts_by_id(&rx) {
         assert_eq!(a.len(), 2, "{id}: exactly max_attempts");
+        // Never early; late only by a busy machine's timers (the default
+        // schedule's first retry would be 10 s, an open breaker longer).
         let gap = a[1].1 - a[0].1;
-        assert!(gap >= ms(190) && gap <= ms(1500), "{id}: {gap:?}");
+        assert!(gap >= ms(190) && gap <= ms(4000), "{id}: {gap:?}");
     }
     assert_never_opened(admin, &rx).await;
 }

@@ -150,3 +150,31 @@ async fn a_dead_letter_listed_25_times_is_still_there_unchanged_in_order() {
     }
     assert_unchanged(&app.drain_dead().await, &items);
 }
+
+/// Workers of a fleet start at once, and each declares the whole topology
+/// (the cascade's 121 quorum queues) while the others do. On RabbitMQ 4.3
+/// a declare of a quorum queue another connection is creating at that
+/// moment was refused with `NOT_FOUND - home node ... of durable queue ...
+/// is down or inaccessible` (CI saw it once, on `cascade.1.12`): the
+/// broker's "not there yet". Every declare must succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn declares_racing_each_other_all_succeed() {
+    for round in 0..3 {
+        let app = TestApp::new(&format!("race{round}"), DelayBackend::Cascade);
+        let broker = app.broker();
+        let racers = (0..4).map(|_| {
+            let broker = broker.clone();
+            tokio::spawn(async move {
+                let conn = common::connect(&broker.url.urls()[0]).await;
+                let declared = redeliver::delay::declare_topology(&broker, &conn).await;
+                let _ = conn.close(200, "".into()).await;
+                declared.map(|_| ()).map_err(|e| e.to_string())
+            })
+        });
+        for declared in futures_util::future::join_all(racers).await {
+            declared
+                .expect("the racer ran")
+                .expect("its declare succeeded");
+        }
+    }
+}

@@ -19,7 +19,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use common::chaos::{flaky, load, preload, settle_on, Fleet, Tally};
@@ -57,7 +57,7 @@ struct ClusterGuard;
 
 impl Drop for ClusterGuard {
     fn drop(&mut self) {
-        if FINISHED.fetch_add(1, Ordering::SeqCst) + 1 == TESTS {
+        if common::last_to_finish("cluster", TESTS, &FINISHED) {
             let _ = std::panic::catch_unwind(|| cluster::ctl(&["down"]));
         }
     }

@@ -101,9 +101,11 @@ async fn a_disabled_prefix_dead_letters_at_once_and_replays_after_enable(backend
     while app.queue_len("dead").await < 10 && published.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // At once: before the default policy's first retry (10 s) could have
+    // come, and with no attempt (below). A busy machine took 2.8 s.
     let took = published.elapsed();
     assert!(
-        took <= Duration::from_secs(2),
+        took <= Duration::from_secs(8),
         "dead-lettered after {took:?}"
     );
     let listed = app.cli(&["dlq", "list", "--json", "--endpoint", &prefix]);

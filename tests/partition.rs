@@ -175,6 +175,9 @@ async fn scenario(name: &str, backend: DelayBackend) -> Report {
     );
     text.push_str(&check::slowest(&report, &rx, timeline.last_heal()));
     text.push_str(&explain_losses(&report, &rx, &batches, &timeline, &workers));
+    if !report.lost.is_empty() {
+        text.push_str(&net.queues_holding(&app.prefix));
+    }
     for b in batches.iter().filter(|b| !b.exit_ok).take(3) {
         text.push_str(&format!("batch {} failed:\n{}\n", b.n, b.stderr));
     }

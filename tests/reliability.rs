@@ -5,6 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::gate::Gate;
 use common::harness::*;
 use common::process::Proc;
 use common::receiver::{Receiver, Reply};
@@ -119,27 +120,24 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
 }
 
 /// `publish` rides out a broker that is down for a few seconds, and prints
-/// the id only once it is confirmed.
+/// the id only once it is confirmed. "Down" is a refused connection, as
+/// the client sees a stopped node: a closed [`Gate`] in front of the shared
+/// node, opened once the publish has failed at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_retries_until_the_broker_is_back() {
-    const PORT: u16 = 5687;
-    let url = node(PORT, &["up"]).await;
-    let app = TestApp::on(&url, "pubretry", PLUGIN);
-    node(PORT, &["down"]).await;
-    let mut publish = app.command();
+    let app = TestApp::new("pubretry", PLUGIN);
+    let mut gate = Gate::closed(&app.url).await;
+    let mut publish = app.command_via(&gate.url(&app.url));
     publish.args(["publish", "--url", "http://127.0.0.1:9/", "--id", "late"]);
     let mut child = Proc::spawn(publish);
-    // The broker comes back once the publish has failed at least once.
     let interrupted = "publishing interrupted; trying the next node";
     let failed = wait_until(Duration::from_secs(10), || {
         child.stderr_count(interrupted) > 0
     })
     .await;
-    node(PORT, &["up"]).await;
+    gate.open().await;
     let st = tokio::task::block_in_place(|| child.wait_exit(Duration::from_secs(60)));
     let len = app.queue_len("work").await;
-    drop(app);
-    node(PORT, &["down"]).await;
     let stderr = child.stderr().join("\n");
     assert!(failed, "{interrupted}: {stderr}");
     assert!(st.success(), "{stderr}");

@@ -20,6 +20,8 @@ use redeliver::delay::DelayBackend;
 use tokio_rustls::rustls::{self, ServerConfig};
 
 const PORT: u16 = 5690;
+/// The node's TLS listener, before [`common::node_port`]: the 4.x pass's
+/// node listens 100 above, so both passes can run at once.
 const TLS_PORT: u16 = 5691;
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 
@@ -32,7 +34,8 @@ fn node_guard() -> DownWhenLast {
 }
 
 fn node_up() -> (String, PathBuf) {
-    let tls = [("REDELIVER_TEST_BROKER_TLS_PORT", "5691")];
+    let tls_port = common::node_port(TLS_PORT).to_string();
+    let tls = [("REDELIVER_TEST_BROKER_TLS_PORT", tls_port.as_str())];
     let url = ctl_env(PORT, &["up"], &tls);
     let dir = PathBuf::from(ctl_env(PORT, &["tls-dir"], &tls));
     (url, dir)
@@ -54,7 +57,8 @@ async fn https_front(tls_dir: &Path, plain: &str) -> String {
 
 /// The node's TLS listener.
 fn amqps() -> String {
-    format!("amqps://guest:guest@127.0.0.1:{TLS_PORT}/%2f")
+    let port = common::node_port(TLS_PORT);
+    format!("amqps://guest:guest@127.0.0.1:{port}/%2f")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

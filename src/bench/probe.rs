@@ -17,7 +17,8 @@ use super::phases::Bench;
 const WINDOW: Duration = Duration::from_secs(30);
 const QUICK_WINDOW: Duration = Duration::from_secs(6);
 const WARM_UP: Duration = Duration::from_secs(3);
-/// Runs of each kind, alternated so drift hits both alike.
+/// Runs of each kind, alternated so drift hits both alike (one under
+/// `--quick`, which only shows the phase runs, like every phase's pairs).
 const ROUNDS: usize = 2;
 
 /// CPU seconds over a window, as a share of one core.
@@ -34,8 +35,9 @@ impl Bench {
         } else {
             WINDOW
         };
+        let rounds = if self.opts.quick { 1 } else { ROUNDS };
         let (mut on, mut off) = (vec![], vec![]);
-        for _ in 0..ROUNDS {
+        for _ in 0..rounds {
             off.push(self.idle(&["--delay-probe-every", "0s"], window).await?);
             on.push(self.idle(&[], window).await?);
         }

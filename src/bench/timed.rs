@@ -348,6 +348,10 @@ impl Bench {
             self.sink.reset(Mode::default());
             let args = Self::concurrency_args(c);
             let worker = self.spawner.spawn(prefix, &args, false)?;
+            // Its start first (a busy machine once took longer than the
+            // quick window to connect): the window is for delivering.
+            let started = backlog.min(c) as u64;
+            let _ = self.sink.wait_for(started, WORKER_START).await;
             let _ = self
                 .sink
                 .wait_for(backlog as u64, self.sizes.memory_window)
@@ -366,3 +370,7 @@ impl Bench {
         Ok(out)
     }
 }
+
+/// How long a memory run's worker may take to deliver its first
+/// notifications before its window starts.
+const WORKER_START: std::time::Duration = std::time::Duration::from_secs(60);

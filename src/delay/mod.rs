@@ -8,6 +8,8 @@ pub mod hold;
 pub mod probe;
 pub mod report;
 
+use std::time::Duration;
+
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
@@ -21,8 +23,31 @@ use crate::topology::{classify, Topology, TopologyError};
 
 /// Declares the prefix's whole topology: the intake, work and dead objects
 /// ([`Topology::declare`]), then those of the backend `broker.delay` names.
-/// Every command that touches a prefix calls it; it is idempotent.
+/// Every command that touches a prefix calls it; it is idempotent, so a
+/// declare the broker refused as "not there yet" (see
+/// [`TopologyError::is_transient`]) is simply made again, a few times.
 pub async fn declare_topology(
+    broker: &BrokerSettings,
+    conn: &Connection,
+) -> Result<Topology, TopologyError> {
+    let mut pause = Duration::from_millis(100);
+    for _ in 1..DECLARE_TRIES {
+        match declare_once(broker, conn).await {
+            Err(e) if e.is_transient() => {
+                tracing::info!(error = %e, retry_in = ?pause, "the broker asked to declare again later");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            done => return done,
+        }
+    }
+    declare_once(broker, conn).await
+}
+
+/// Tries of [`declare_topology`]: 100 ms doubling, 1.5 s of waits in all.
+const DECLARE_TRIES: u32 = 5;
+
+async fn declare_once(
     broker: &BrokerSettings,
     conn: &Connection,
 ) -> Result<Topology, TopologyError> {

@@ -4,9 +4,12 @@
 //! publishes them.
 //!
 //! An event's `id` is derived from what it is about (the prefix, its type
-//! and the notification's id and attempt, the endpoint-state record, or
+//! and the notification's id and run, the endpoint-state record, or
 //! the stall), never drawn at random: an event published again after a
-//! crash carries the same `id`, so consumers deduplicate by it.
+//! crash carries the same `id`, so consumers deduplicate by it. A
+//! notification event is about its run's logical outcome, not about one
+//! attempt: a retry chain forked by a crash (both copies attempted on)
+//! announces its exhaustion with one id, however many times.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -159,16 +162,15 @@ pub struct Subject<'a> {
     /// Attempts made so far.
     pub attempt: u32,
     pub last: Last<'a>,
-    /// What tells this run of the notification from another with the same
-    /// id and attempt (a replay from the dead-letter queue starts counting
-    /// again): when its previous attempt was made, from its history; or,
-    /// for a message that could not be read, its bytes.
+    /// Which run of the notification this is (`redeliver-run`: its
+    /// publish or replay, [`super::run`]); for a message that could not be
+    /// read, its bytes.
     pub run: &'a [u8],
 }
 
 /// A `notification.*` event.
 pub fn notification(kind: Kind, prefix: &str, s: Subject<'_>, reason: Option<&str>) -> Event {
-    let mut seed = format!("{}\n{}\n", s.id.unwrap_or(""), s.attempt).into_bytes();
+    let mut seed = format!("{}\n", s.id.unwrap_or("")).into_bytes();
     seed.extend_from_slice(s.run);
     Event {
         v: SCHEMA_VERSION,

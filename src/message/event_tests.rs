@@ -50,10 +50,16 @@ fn ids_are_stable_for_the_same_event_and_differ_otherwise() {
         e(Kind::Failing, "p", "n1", 4, b"17").id,
         "republished: same id"
     );
+    // A chain forked by a crash announces its run's outcome at another
+    // attempt count: still the same event.
+    assert_eq!(
+        e(Kind::Exhausted, "p", "n1", 8, b"17").id,
+        e(Kind::Exhausted, "p", "n1", 9, b"17").id,
+        "one run, one exhaustion"
+    );
     for other in [
         e(Kind::Failing, "q", "n1", 4, b"17"),
         e(Kind::Failing, "p", "n2", 4, b"17"),
-        e(Kind::Failing, "p", "n1", 5, b"17"),
         e(Kind::Exhausted, "p", "n1", 4, b"17"),
         // A replay from the dead-letter queue: another run.
         e(Kind::Failing, "p", "n1", 4, b"99"),

@@ -5,6 +5,7 @@
 pub mod dead_letter;
 pub mod event;
 pub(crate) mod redact;
+pub mod run;
 pub mod state;
 pub mod target;
 pub mod trace;

@@ -59,6 +59,9 @@ pub struct RetryState {
     /// The trace every attempt joins: the producer's, or the first
     /// attempt's when the producer sent none.
     pub trace: Option<TraceContext>,
+    /// The publish or replay this delivery belongs to (`redeliver-run`,
+    /// [`crate::message::run`]); the worker fills it in when absent.
+    pub run: Option<String>,
     history: Vec<AMQPValue>,
 }
 
@@ -91,6 +94,7 @@ impl RetryState {
             .map_or(Ok(0), u32::try_from)
             .map_err(|_| InvalidMessage::BadState(H_DEFERRALS, "out of range".into()))?;
         let id = m.get(H_ID).and_then(string);
+        let run = m.get(super::run::H_RUN).and_then(string);
         let history = match m.get(H_HISTORY) {
             Some(AMQPValue::FieldArray(a)) => a.as_slice().to_vec(),
             _ => Vec::new(),
@@ -102,6 +106,7 @@ impl RetryState {
             deferrals,
             first_seen_at,
             trace: TraceContext::from_headers(Some(h)),
+            run,
             history,
         })
     }
@@ -121,15 +126,6 @@ impl RetryState {
         self.deferrals = self.deferrals.saturating_add(1);
         if self.first_attempt_at.is_none() {
             self.first_seen_at.get_or_insert(now_ms);
-        }
-    }
-
-    /// When the last attempt in the history was made: with the id and the
-    /// attempt count, it tells one run of a notification from a replay's.
-    pub fn last_attempt_at(&self) -> Option<i64> {
-        match self.history.last()? {
-            AMQPValue::FieldTable(e) => e.inner().get("at").and_then(int),
-            _ => None,
         }
     }
 
@@ -177,6 +173,9 @@ impl RetryState {
         }
         if let Some(at) = self.first_seen_at {
             h.insert(H_FIRST_SEEN.into(), AMQPValue::LongLongInt(at));
+        }
+        if let Some(run) = &self.run {
+            h.insert(super::run::H_RUN.into(), long_string(run));
         }
         if self.deferrals > 0 {
             h.insert(

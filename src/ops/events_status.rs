@@ -2,6 +2,7 @@
 //! whether anything is bound to it (from the management API: AMQP cannot
 //! list bindings), and the `--events-url` relay's queue.
 
+use crate::amqp::bounded;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde::Serialize;
@@ -34,23 +35,21 @@ pub(crate) async fn read(
     conn: &lapin::Connection,
     t: &Topology,
 ) -> Result<EventsStatus, lapin::Error> {
-    let ch = conn.create_channel().await?;
+    let ch = bounded(conn.create_channel()).await?;
     let passive = ExchangeDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let kind = lapin::ExchangeKind::Topic;
-    let exists = match ch
-        .exchange_declare(
-            t.events.as_str().into(),
-            kind,
-            passive,
-            FieldTable::default(),
-        )
-        .await
-    {
+    let declare = ch.exchange_declare(
+        t.events.as_str().into(),
+        kind,
+        passive,
+        FieldTable::default(),
+    );
+    let exists = match bounded(declare).await {
         Ok(()) => {
-            let _ = ch.close(200, "".into()).await;
+            let _ = bounded(ch.close(200, "".into())).await;
             true
         }
         // A missing exchange closes the channel (a soft error).
@@ -70,18 +69,15 @@ async fn relay(
     conn: &lapin::Connection,
     t: &Topology,
 ) -> Result<Option<RelayStatus>, lapin::Error> {
-    let ch = conn.create_channel().await?;
+    let ch = bounded(conn.create_channel()).await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let name = crate::events::relay::queue(t);
-    match ch
-        .queue_declare(name.as_str().into(), passive, FieldTable::default())
-        .await
-    {
+    match bounded(ch.queue_declare(name.as_str().into(), passive, FieldTable::default())).await {
         Ok(q) => {
-            let _ = ch.close(200, "".into()).await;
+            let _ = bounded(ch.close(200, "".into())).await;
             Ok(Some(RelayStatus {
                 queue: name,
                 ready: q.message_count(),

@@ -7,6 +7,7 @@ use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde::Serialize;
 
+use crate::amqp::bounded;
 use crate::config::{AmqpUrl, BrokerSettings};
 use crate::ops::events_status::{self, EventsStatus};
 use crate::ops::management::{Api, NodeStatus, Placement};
@@ -112,7 +113,11 @@ pub async fn status(
     let dead = probe.queue(&t.dead).await?;
     let hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
     let mut cascade = vec![];
-    for (stage, digit, name) in crate::delay::cascade::queues(&t) {
+    // The hold queue is declared before the stages: without it there is no
+    // cascade to show, and 120 passive declares of missing queues (each
+    // closing its channel) are skipped.
+    let stages = crate::delay::cascade::queues(&t).filter(|_| hold.exists);
+    for (stage, digit, name) in stages {
         let q = probe.queue(&name).await?;
         if q.exists {
             cascade.push(CascadeQueueStatus {
@@ -203,15 +208,13 @@ impl<'a> Probe<'a> {
     async fn queue(&mut self, name: &str) -> Result<QueueStatus, lapin::Error> {
         let ch = match self.channel.take() {
             Some(ch) => ch,
-            None => self.conn.create_channel().await?,
+            None => bounded(self.conn.create_channel()).await?,
         };
         let passive = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
-        let declared = ch
-            .queue_declare(name.into(), passive, FieldTable::default())
-            .await;
+        let declared = bounded(ch.queue_declare(name.into(), passive, FieldTable::default())).await;
         let (exists, ready, consumers) = match declared {
             Ok(q) => {
                 self.channel = Some(ch);
@@ -232,7 +235,7 @@ impl<'a> Probe<'a> {
 
     async fn close(mut self) {
         if let Some(ch) = self.channel.take() {
-            let _ = ch.close(200, "".into()).await;
+            let _ = bounded(ch.close(200, "".into())).await;
         }
     }
 }
@@ -255,14 +258,12 @@ pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
                 lapin::types::AMQPValue::LongString("direct".into()),
             );
             let kind = lapin::ExchangeKind::Custom("x-delayed-message".into());
-            let declared = ch
-                .exchange_declare(name.as_str().into(), kind, Default::default(), args)
-                .await
-                .is_ok();
+            let declare = ch.exchange_declare(name.as_str().into(), kind, Default::default(), args);
+            let declared = bounded(declare).await.is_ok();
             if declared {
-                let _ = ch
-                    .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-                    .await;
+                let delete =
+                    ch.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default());
+                let _ = bounded(delete).await;
             }
             declared
         }

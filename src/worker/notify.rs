@@ -55,11 +55,10 @@ pub(super) fn build<H>(
     Some(event::notification(kind, prefix, about, reason))
 }
 
-/// [`Subject::run`] for a notification with this state: when its last
-/// attempt before this one was made.
+/// [`Subject::run`] for a notification with this state: its run, which
+/// `process::decode` always fills in.
 pub(super) fn run_of(st: &RetryState) -> String {
-    st.last_attempt_at()
-        .map_or(String::new(), |t| t.to_string())
+    st.run.clone().unwrap_or_default()
 }
 
 /// The event for an attempt's decision, if it gets one.

@@ -216,12 +216,16 @@ fn decode(
     settings: &WorkerSettings,
     d: &Delivery,
 ) -> Result<(Notification, RetryState), InvalidMessage> {
-    let st = RetryState::from_headers(d.properties.headers().as_ref())?;
+    let mut st = RetryState::from_headers(d.properties.headers().as_ref())?;
     let fallback = st
         .id
         .clone()
         .or_else(|| d.properties.message_id().as_ref().map(|m| m.to_string()));
     let n = message::decode(&d.data, settings.max_message_bytes, fallback.as_deref())?;
+    // A plain AMQP client's message has no run: every delivery of it
+    // derives the same one, and its copies carry it on.
+    st.run
+        .get_or_insert_with(|| message::run::derived(&n.id, &d.data));
     Ok((n, st))
 }
 

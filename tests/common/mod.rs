@@ -129,12 +129,48 @@ pub struct DownWhenLast {
 
 impl Drop for DownWhenLast {
     fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        if self.finished.fetch_add(1, Ordering::SeqCst) + 1 == self.users {
+        let key = format!("node-{}", node_port(self.port));
+        if last_to_finish(&key, self.users, self.finished) {
             let port = self.port;
             let _ = std::panic::catch_unwind(|| ctl(port, &["down"]));
         }
     }
+}
+
+/// Counts one more finished test of the `users` that share `key` (a node,
+/// the cluster); true for the last. `cargo test` runs them as threads of
+/// one process, which `finished` counts. nextest runs each in a process of
+/// its own, so there the count is a file of the run (`NEXTEST_RUN_ID`),
+/// taken under a lock: otherwise no test would ever be the last, and the
+/// idle node would take CPU from the rest of the run.
+pub fn last_to_finish(key: &str, users: usize, finished: &std::sync::atomic::AtomicUsize) -> bool {
+    use std::io::{Read, Seek, Write};
+    let Ok(run) = std::env::var("NEXTEST_RUN_ID") else {
+        let before = finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        return before + 1 == users;
+    };
+    let path = std::env::temp_dir().join(format!("redeliver-finished-{key}-{run}"));
+    let count = (|| -> std::io::Result<usize> {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        f.lock()?;
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        let count = text.trim().parse::<usize>().unwrap_or(0) + 1;
+        f.set_len(0)?;
+        f.rewind()?;
+        write!(f, "{count}")?;
+        Ok(count)
+    })();
+    let last = count.is_ok_and(|n| n == users);
+    if last {
+        let _ = std::fs::remove_file(&path);
+    }
+    last
 }
 
 /// Runs each `async fn NAME(DelayBackend)` as two tests, `plugin::NAME` and
@@ -168,6 +204,7 @@ pub mod dead_letters;
 pub mod delayed;
 pub mod endpoints;
 pub mod events;
+pub mod gate;
 pub mod harness;
 pub mod metrics;
 pub mod otlp;

@@ -2,14 +2,17 @@
 //! answers as the test tells it to.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::extract::connect_info::{ConnectInfo, Connected};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::serve::IncomingStream;
 
 #[derive(Clone, Debug)]
 pub struct Recorded {
@@ -72,9 +75,59 @@ type Behavior = Box<dyn Fn(&Recorded) -> Reply + Send + Sync>;
 struct Shared {
     requests: Mutex<Vec<Recorded>>,
     per_id: Mutex<HashMap<String, usize>>,
-    in_flight: AtomicUsize,
+    in_flight: Mutex<Vec<(u64, Conn)>>,
+    next_request: AtomicU64,
     max_in_flight: AtomicUsize,
     behavior: Behavior,
+}
+
+/// The receiver's own handle on a request's connection (a duplicate of its
+/// socket), to tell whether the client still waits for the answer.
+///
+/// A client that gives up on a request (its timeout, a worker's hard stop
+/// or `kill -9`) closes the connection; the server drops the handler only
+/// once its connection task has read that close, which may come after the
+/// client's next request on another connection was taken in. Counted by
+/// handlers alone, that moment showed one request too many in flight (49
+/// of 48). The client closed first, so its FIN is already in this socket
+/// when that next request arrives: [`Shared::enter`] looks.
+#[derive(Clone)]
+struct Conn(Arc<std::net::TcpStream>);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Conn {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        let fd = stream.io().as_fd().try_clone_to_owned();
+        Conn(Arc::new(std::net::TcpStream::from(
+            fd.expect("duplicate the connection's socket"),
+        )))
+    }
+}
+
+impl Conn {
+    /// Whether the client closed its end: a peek reads end of stream (or
+    /// the reset). The duplicate shares the socket's non-blocking mode, so
+    /// an open, quiet connection answers `WouldBlock` at once.
+    fn closed_by_client(&self) -> bool {
+        match self.0.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+impl Shared {
+    /// Counts a request in flight until the returned guard drops, and
+    /// records the peak: the requests whose clients still wait, this one
+    /// included.
+    fn enter(self: &Arc<Self>, conn: Conn) -> InFlight {
+        let id = self.next_request.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.in_flight.lock().unwrap();
+        open.retain(|(_, c)| !c.closed_by_client());
+        open.push((id, conn));
+        self.max_in_flight.fetch_max(open.len(), Ordering::SeqCst);
+        InFlight(self.clone(), id)
+    }
 }
 
 #[derive(Clone)]
@@ -105,7 +158,8 @@ impl Receiver {
         let shared = Arc::new(Shared {
             requests: Mutex::new(vec![]),
             per_id: Mutex::new(HashMap::new()),
-            in_flight: AtomicUsize::new(0),
+            in_flight: Mutex::new(vec![]),
+            next_request: AtomicU64::new(0),
             max_in_flight: AtomicUsize::new(0),
             behavior: Box::new(behavior),
         });
@@ -162,7 +216,7 @@ impl Receiver {
         self.shared.per_id.lock().unwrap().clone()
     }
     pub fn in_flight(&self) -> usize {
-        self.shared.in_flight.load(Ordering::SeqCst)
+        self.shared.in_flight.lock().unwrap().len()
     }
     pub fn max_in_flight(&self) -> usize {
         self.shared.max_in_flight.load(Ordering::SeqCst)
@@ -171,6 +225,7 @@ impl Receiver {
 
 fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Server {
     let app = axum::Router::new().fallback(handle).with_state(shared);
+    let app = app.into_make_service_with_connect_info::<Conn>();
     let stop = tokio_util::sync::CancellationToken::new();
     let signal = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
@@ -181,16 +236,18 @@ fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Server {
     Server { stop, task }
 }
 
-struct InFlight(Arc<Shared>);
+struct InFlight(Arc<Shared>, u64);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let mut open = self.0.in_flight.lock().unwrap();
+        open.retain(|(id, _)| *id != self.1);
     }
 }
 
 async fn handle(
     State(s): State<Arc<Shared>>,
+    ConnectInfo(conn): ConnectInfo<Conn>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -220,11 +277,9 @@ async fn handle(
     let mut rec = rec;
     rec.reply = reply.status;
     s.requests.lock().unwrap().push(rec);
-    let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    s.max_in_flight.fetch_max(now, Ordering::SeqCst);
-    // Decremented on drop too: a client that gives up (timeout, killed
-    // worker) makes the server drop this future mid-sleep.
-    let _in_flight = InFlight(s.clone());
+    // Ended on drop too: a client that gives up (timeout, killed worker)
+    // makes the server drop this future mid-sleep.
+    let _in_flight = s.enter(conn);
     tokio::time::sleep(reply.delay).await;
     let mut resp = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
     for (k, v) in reply.headers {

@@ -80,6 +80,35 @@ impl Net {
     }
 }
 
+impl Net {
+    /// The prefix's queues that still hold messages, with their types, as
+    /// the first node that answers lists them: where a notification the
+    /// checker counts as lost still is, if anywhere.
+    pub fn queues_holding(&self, prefix: &str) -> String {
+        for k in 1..=3 {
+            let out = net_output(&[
+                "ctl",
+                &k.to_string(),
+                "-q",
+                "list_queues",
+                "name",
+                "type",
+                "messages",
+            ]);
+            if !out.status.success() {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let held: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(prefix) && !l.trim_end().ends_with("\t0"))
+                .collect();
+            return format!("queues holding messages (node {k}): {held:?}\n");
+        }
+        "queues holding messages: no node answered\n".into()
+    }
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
         if std::env::var_os("REDELIVER_PARTITION_KEEP").is_none() {

@@ -22,9 +22,10 @@ use lapin::{BasicProperties, Connection};
 use tracing::warn;
 
 use crate::message::dead_letter::{DeadLetter, Filter};
+use crate::message::run;
 use crate::message::state::{
-    H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DEFERRALS, H_DELAY, H_FIRST_AT, H_FIRST_SEEN,
-    H_LAST_ERROR, H_LAST_STATUS,
+    get, int, long_string, string, H_ATTEMPT, H_DEAD_AT, H_DEAD_REASON, H_DEFERRALS, H_DELAY,
+    H_FIRST_AT, H_FIRST_SEEN, H_ID, H_LAST_ERROR, H_LAST_STATUS,
 };
 use crate::publish::PublishError;
 use crate::topology::Topology;
@@ -174,8 +175,17 @@ fn selected(
 /// The properties for a replay: the attempt counter, the deferral count,
 /// when its age started and the death record are dropped (so a replayed
 /// `expired` notification gets a new max age); the id and the attempt
-/// history stay.
+/// history stay. The replay is a run of its own ([`run::replayed`]).
 pub(super) fn fresh(props: &BasicProperties) -> BasicProperties {
+    let old = props.headers().as_ref();
+    let text = |k: &str| get(old, k).and_then(string);
+    let id = text(H_ID).or_else(|| props.message_id().as_ref().map(|m| m.to_string()));
+    let dead_at = get(old, H_DEAD_AT).and_then(int);
+    let run = run::replayed(
+        &id.unwrap_or_default(),
+        text(run::H_RUN).as_deref(),
+        dead_at,
+    );
     let stale = [
         H_ATTEMPT,
         H_DEAD_AT,
@@ -199,6 +209,8 @@ pub(super) fn fresh(props: &BasicProperties) -> BasicProperties {
                 .into()
         })
         .unwrap_or_default();
+    let mut headers = headers;
+    headers.insert(run::H_RUN.into(), long_string(&run));
     crate::publish::republish_properties(props, headers)
 }
 
@@ -219,6 +231,12 @@ mod tests {
         let props = fresh(&BasicProperties::default().with_headers(h));
         let kept = props.headers().clone().unwrap_or_default();
         let names: Vec<&str> = kept.inner().keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["redeliver-id"]);
+        assert_eq!(names, ["redeliver-id", "redeliver-run"]);
+        let run = crate::message::state::string(&kept.inner()["redeliver-run"]);
+        assert_eq!(
+            run,
+            Some(run::replayed("", None, Some(7))),
+            "a replay's own run"
+        );
     }
 }

@@ -14,7 +14,8 @@
 //!   walk on to a new channel with a consumer of its own.
 //! - The channels are closed in the order they were opened, each once the
 //!   one before has visibly returned its messages (the queue's ready count
-//!   has grown by them), so the blocks come back in order too.
+//!   has grown by them), so the blocks come back in order too; and the walk
+//!   ends only once the last block is back, so the next walk sees them.
 //! - A classic queue puts returned messages back at their old positions,
 //!   whatever the order of returns.
 
@@ -138,9 +139,13 @@ impl<'a> Reader<'a> {
                 warn!(error = %e, "dead-letter walk: cancelling a consumer failed");
             }
         }
-        let probe = match self.windows.len() {
-            0 | 1 => None,
-            _ => self.conn.create_channel().await.ok(),
+        // Even a single block is waited for: a command that ends before
+        // its kept messages are back leaves the next one (a `dlq list` run
+        // right after) a queue that looks empty for seconds. Seen on a
+        // busy three-node cluster: a second list found none of ten.
+        let probe = match self.windows.iter().any(|w| w.unacked > 0) {
+            false => None,
+            true => self.conn.create_channel().await.ok(),
         };
         let baseline = match &probe {
             Some(p) => ready_on(p, &self.queue).await.ok(),
