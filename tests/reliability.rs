@@ -107,8 +107,9 @@ async fn sigterm_requeues_what_the_grace_cannot_finish() {
     assert!(st.success(), "exit {st:?}");
     assert!(
         t.elapsed() < Duration::from_secs(5),
-        "exited after {:?}",
-        t.elapsed()
+        "exited after {:?}; its log:\n{}",
+        t.elapsed(),
+        c.stderr().join("\n")
     );
     let mut back = 0;
     wait_until_async(Duration::from_secs(5), async || {
