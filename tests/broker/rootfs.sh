@@ -37,6 +37,13 @@ rootfs_mount() {
     mountpoint -q "$ROOTFS/proc" || mount -t proc proc "$ROOTFS/proc" \
         || die "could not mount /proc in $ROOTFS (a 4.x node needs root: chroot and mount)"
     mkdir -p "$BASE" "$ROOTFS$BASE"
+    # A mount of a target/test-broker deleted since (cargo clean, a new
+    # clone at the same path) shows the old, deleted directory: remount.
+    if mountpoint -q "$ROOTFS$BASE" \
+        && [ "$(stat -c %d:%i "$BASE")" != "$(stat -c %d:%i "$ROOTFS$BASE")" ]; then
+        umount "$ROOTFS$BASE" 2>/dev/null || umount -l "$ROOTFS$BASE" \
+            || die "could not unmount the stale $ROOTFS$BASE"
+    fi
     mountpoint -q "$ROOTFS$BASE" || mount --bind "$BASE" "$ROOTFS$BASE" \
         || die "could not bind-mount $BASE into $ROOTFS"
 }

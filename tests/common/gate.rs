@@ -8,8 +8,22 @@
 
 use std::net::SocketAddr;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::JoinHandle;
+
+/// Copies bytes both ways between `client` and a new connection to
+/// `upstream` until either side closes (the gate's forwarding, and the
+/// https front's once its handshake is done).
+pub async fn forward<S, A>(mut client: S, upstream: A)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    A: ToSocketAddrs,
+{
+    if let Ok(mut back) = TcpStream::connect(upstream).await {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut back).await;
+    }
+}
 
 pub struct Gate {
     addr: SocketAddr,
@@ -21,11 +35,8 @@ impl Gate {
     /// A closed door to the node at `upstream_url` (`amqp://…@host:port/…`).
     /// Its port was free a moment ago and nothing listens on it now.
     pub async fn closed(upstream_url: &str) -> Gate {
-        let hostport = upstream_url
-            .split('@')
-            .next_back()
-            .and_then(|rest| rest.split('/').next())
-            .expect("host:port in the URL");
+        let uri: lapin::uri::AMQPUri = upstream_url.parse().expect("an AMQP URL");
+        let hostport = (uri.authority.host.as_str(), uri.authority.port);
         let upstream = tokio::net::lookup_host(hostport)
             .await
             .unwrap()
@@ -57,12 +68,8 @@ impl Gate {
         let listener = TcpListener::bind(self.addr).await.unwrap();
         let upstream = self.upstream;
         self.task = Some(tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    if let Ok(mut node) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut node).await;
-                    }
-                });
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(forward(client, upstream));
             }
         }));
     }

@@ -31,13 +31,9 @@ pub async fn https_front(config: ServerConfig, plain: &str) -> String {
         while let Ok((tcp, _)) = listener.accept().await {
             let (acceptor, plain) = (acceptor.clone(), plain.clone());
             tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let Ok(mut back) = tokio::net::TcpStream::connect(&plain).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut back).await;
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    super::gate::forward(tls, plain).await;
+                }
             });
         }
     });
