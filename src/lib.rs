@@ -4,6 +4,7 @@
 //! the ones before it; see `docs/architecture.md`):
 //! [`policy`] (pure: retry or not, how long, the decision) →
 //! [`message`] (wire format, retry-state headers, dead-letter records) →
+//! [`history`] (the record of each attempt) →
 //! [`telemetry`] → [`config`] (settings) → [`topology`] → [`publish`]
 //! (confirmed publishing) → [`events`] (operational events) → [`delay`] (plugin, cascade, hold) →
 //! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`control`]
@@ -24,6 +25,7 @@ pub mod delay;
 pub mod deliver;
 pub mod endpoint;
 pub mod events;
+pub mod history;
 pub mod message;
 pub mod ops;
 pub mod policy;

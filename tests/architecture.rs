@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "amqp",
     "policy",
     "message",
+    "history",
     "telemetry",
     "config",
     "topology",
