@@ -43,9 +43,11 @@ const OUTAGE: Duration = Duration::from_secs(8);
 /// queue has a new leader that the routing node knows (measured: deliveries
 /// flow again within about 1-2 s; generous, to stay a bound).
 const ELECTION: Duration = Duration::from_secs(10);
-/// The stand-in forgets a routed message 2-3 s after routing it; a node
-/// killed inside that window routes it again after its restart.
-const REROUTE: Duration = Duration::from_millis(3_500);
+/// How long before a kill an attempt may start a duplicate. The stand-in
+/// forgets a routed message 2-3 s after routing it, and a node killed
+/// inside that window routes it again after its restart: 3.5 s, after the
+/// longest delay (1 s), with slack for a busy machine's ack and confirm lag.
+const BEFORE_KILL: Duration = Duration::from_millis(5_000);
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
@@ -277,10 +279,6 @@ async fn node_loss_under_load(backend: DelayBackend) {
         assert!(flowing.is_some(), "node {} was killed under load", k.node);
     }
     let unexplained = lost_outside_elections(&fleet, &t.lost, &[&k1, &k2]);
-    let rerouted = match backend {
-        DelayBackend::Plugin => rerouted_at_most(&fleet, &[&k1, &k2]),
-        DelayBackend::Cascade => 0,
-    };
     let statuses = tokio::task::spawn_blocking(move || (fleet.stop(), fleet))
         .await
         .unwrap()
@@ -298,15 +296,13 @@ async fn node_loss_under_load(backend: DelayBackend) {
         ),
     }
     t.assert_only_gone_are_permanent();
-    // Each kill can redeliver what every worker held unacked (a worker on
-    // the killed node loses its channel; one elsewhere may lose the
-    // leader's record of its deliveries); with the plugin, the killed node
-    // may also route again what it routed just before.
-    let bound = 2 * WORKERS * CONCURRENCY + rerouted;
+    let stray = duplicates_away_from_kills(&rx, &[&k1, &k2]);
     assert!(
-        t.duplicates <= bound,
-        "duplicates {} > {bound}",
-        t.duplicates
+        stray.is_empty(),
+        "{} of {} duplicates with no attempt around a kill: {:?}",
+        stray.len(),
+        t.duplicates,
+        &stray[..stray.len().min(20)]
     );
     assert!(running, "no worker died on its own");
     assert!(
@@ -341,13 +337,33 @@ fn due_around(
         .any(|k| at >= k.wall - before && at <= k.wall + after)
 }
 
-/// Retries that fell due in the [`REROUTE`] before a kill: on the plugin
-/// backend, the killed node may route each of them again after its restart.
-fn rerouted_at_most(fleet: &Fleet, kills: &[&Kill]) -> usize {
-    let due = cluster::retries_due(fleet.logs());
-    let all = due.values().flatten();
-    all.filter(|at| due_around(**at, kills, REROUTE, Duration::ZERO))
-        .count()
+/// The ids delivered more than once that had no attempt from [`BEFORE_KILL`]
+/// before a kill to [`ELECTION`] after it. A kill duplicates what was
+/// unacked: acks are not confirmed, so those still on their way to the
+/// killed node, or to a queue without a leader, are lost and the broker
+/// delivers again (seen: a worker's 12 deliveries of its last 160 ms);
+/// a retry whose confirm the kill cut short leaves its original to be
+/// tried again; with the plugin, the killed node may route again what it
+/// routed just before. How many is the load's figure (every worker's
+/// prefetch bounds it), but a duplicate away from every kill is a bug.
+fn duplicates_away_from_kills(rx: &Receiver, kills: &[&Kill]) -> Vec<String> {
+    let requests = rx.requests();
+    let mut ok: std::collections::HashMap<String, usize> = Default::default();
+    for r in requests.iter().filter(|r| r.reply == 200) {
+        *ok.entry(r.id()).or_default() += 1;
+    }
+    let near = |at: Instant| {
+        kills
+            .iter()
+            .any(|k| at + BEFORE_KILL >= k.at && at <= k.at + ELECTION)
+    };
+    let mut stray: Vec<String> = ok
+        .into_iter()
+        .filter(|(id, n)| *n > 1 && !requests.iter().any(|r| &r.id() == id && near(r.at)))
+        .map(|(id, _)| id)
+        .collect();
+    stray.sort();
+    stray
 }
 
 fn report(
