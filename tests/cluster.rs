@@ -332,9 +332,17 @@ fn due_around(
     before: Duration,
     after: Duration,
 ) -> bool {
-    kills
-        .iter()
-        .any(|k| at >= k.wall - before && at <= k.wall + after)
+    kills.iter().any(|k| around(at, k.wall, before, after))
+}
+
+/// Whether `at` lies within `before` ahead of `center` or `after` behind
+/// it: on the wall clock (the workers' logs) or on [`Instant`]s (the
+/// receiver's requests).
+fn around<T>(at: T, center: T, before: Duration, after: Duration) -> bool
+where
+    T: Copy + PartialOrd + std::ops::Add<Duration, Output = T>,
+{
+    at + before >= center && at <= center + after
 }
 
 /// The ids delivered more than once that had no attempt from [`BEFORE_KILL`]
@@ -355,7 +363,7 @@ fn duplicates_away_from_kills(rx: &Receiver, kills: &[&Kill]) -> Vec<String> {
     let near = |at: Instant| {
         kills
             .iter()
-            .any(|k| at + BEFORE_KILL >= k.at && at <= k.at + ELECTION)
+            .any(|k| around(at, k.at, BEFORE_KILL, ELECTION))
     };
     let mut stray: Vec<String> = ok
         .into_iter()

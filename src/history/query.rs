@@ -131,7 +131,10 @@ impl Filter {
     pub fn matches(&self, a: &Attempt, started: SystemTime) -> bool {
         let status_ok = match (self.status, a.status) {
             (None, _) => true,
-            (Some(f), Some(s)) => (f.range().0..=f.range().1).contains(&s),
+            (Some(f), Some(s)) => {
+                let (lo, hi) = f.range();
+                (lo..=hi).contains(&s)
+            }
             (Some(_), None) => false,
         };
         self.endpoint.as_ref().is_none_or(|e| *e == a.endpoint)

@@ -197,9 +197,7 @@ pub(super) fn fresh(props: &BasicProperties) -> BasicProperties {
         H_LAST_STATUS,
         H_DELAY,
     ];
-    let headers: FieldTable = props
-        .headers()
-        .as_ref()
+    let mut headers: FieldTable = old
         .map(|h| {
             h.inner()
                 .iter()
@@ -209,7 +207,6 @@ pub(super) fn fresh(props: &BasicProperties) -> BasicProperties {
                 .into()
         })
         .unwrap_or_default();
-    let mut headers = headers;
     headers.insert(run::H_RUN.into(), long_string(&run));
     crate::publish::republish_properties(props, headers)
 }
