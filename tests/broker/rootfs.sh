@@ -19,7 +19,7 @@ rootfs_mirror() {
     local uri
     [ -n "${REDELIVER_TEST_DEBIAN_MIRROR:-}" ] && { echo "$REDELIVER_TEST_DEBIAN_MIRROR"; return; }
     uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null \
-        | grep -Eo 'https?://[^ ]+/debian/?( |$)' | grep -v security | head -n 1 | tr -d ' ')
+        | grep -Eo 'https?://[^ ]+/debian/?( |$)' | grep -v security | sed -n 1p | tr -d ' ')
     echo "${uri:-http://deb.debian.org/debian}"
 }
 
