@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
-use crate::history::query::Filter;
+use crate::history::query::{Filter, Status};
 use crate::history::record::{Attempt, Outcome};
 
 /// The index's file in `--data`.
@@ -139,7 +139,10 @@ pub fn show(c: &Connection, id: &str) -> Result<Vec<String>, IndexError> {
 }
 
 /// Attempts that match `f`, newest first, at most `f.limit`: the meaning
-/// of [`Filter::matches`].
+/// of [`Filter::matches`]. The order (time, then stream position) is one
+/// every index of a table `WITHOUT ROWID` already holds (its key is
+/// appended to each), so with a filter on an indexed column SQLite walks
+/// that index newest first and stops at the limit: no sort.
 pub fn list(c: &Connection, f: &Filter) -> Result<Vec<String>, IndexError> {
     let (mut clauses, mut args) = (vec![], Vec::<rusqlite::types::Value>::new());
     if let Some(e) = &f.endpoint {
@@ -150,10 +153,19 @@ pub fn list(c: &Connection, f: &Filter) -> Result<Vec<String>, IndexError> {
         clauses.push("outcome = ?");
         args.push(outcome_text(o).to_string().into());
     }
-    if let Some(s) = f.status {
-        let (lo, hi) = s.range();
-        clauses.push("status BETWEEN ? AND ?");
-        args.extend([i64::from(lo).into(), i64::from(hi).into()]);
+    match f.status.map(|s| (s, s.range())) {
+        Some((Status::Exact(_), (lo, _))) => {
+            clauses.push("status = ?");
+            args.push(i64::from(lo).into());
+        }
+        // `+status`: no index on it, so the newest-first walk of another
+        // index (time, endpoint, outcome) stops after `limit` matches
+        // instead of sorting every status of the class.
+        Some((Status::Class(_), (lo, hi))) => {
+            clauses.push("+status BETWEEN ? AND ?");
+            args.extend([i64::from(lo).into(), i64::from(hi).into()]);
+        }
+        None => {}
     }
     if let Some(t) = f.since {
         clauses.push("started_ms >= ?");
@@ -169,7 +181,7 @@ pub fn list(c: &Connection, f: &Filter) -> Result<Vec<String>, IndexError> {
     };
     let sql = format!(
         "SELECT record FROM attempts {filter} \
-         ORDER BY started_ms DESC, attempt DESC, offset DESC, line DESC LIMIT {}",
+         ORDER BY started_ms DESC, offset DESC, line DESC LIMIT {}",
         f.limit
     );
     let mut q = c.prepare_cached(&sql)?;
