@@ -31,7 +31,6 @@ const LAYERS: &[&str] = &[
     "control",
     "worker",
     "ops",
-    "console",
     "bench",
     "cli",
 ];

@@ -54,13 +54,10 @@ pub enum Phase {
     ///     with a queue bound to every event next to none, and with every
     ///     failure and recovery an event next to none, in alternating pairs.
     Events,
-    /// 17. The history console's index: ingest rate, and `show` and
-    ///     filtered `list` p99 with 10 million records (no broker).
-    HistoryIndex,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 16] = [
+    pub const ALL: [Phase; 15] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -76,7 +73,6 @@ impl Phase {
         Phase::ProbeCost,
         Phase::EndpointState,
         Phase::Events,
-        Phase::HistoryIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -97,7 +93,6 @@ impl Phase {
             Phase::ConfirmWindow => "14 confirm window",
             Phase::EndpointState => "15 endpoint state",
             Phase::Events => "16 operational events",
-            Phase::HistoryIndex => "17 history index",
         }
     }
 }

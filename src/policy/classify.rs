@@ -15,8 +15,6 @@ pub enum AttemptResult {
         body: String,
         /// Parsed `Retry-After`, when the receiver sent one.
         retry_after: Option<Duration>,
-        /// The response's `Content-Type`, for the history.
-        content_type: Option<String>,
     },
     /// No answer: connection refused, timeout, TLS failure, ...
     Failed { error: String },
@@ -83,7 +81,6 @@ pub fn classify(
             status,
             body,
             retry_after,
-            ..
         } => {
             let status = *status;
             let expected = success_body.or(rules.success_body.as_deref());
@@ -139,7 +136,6 @@ mod tests {
             status,
             body: body.into(),
             retry_after: Some(Duration::from_secs(30)),
-            content_type: None,
         }
     }
 

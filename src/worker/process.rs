@@ -18,7 +18,6 @@ use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use super::notify;
-use super::record::{self as seam, Seen};
 use super::traced;
 use super::wait::{wait_here, Waits};
 use crate::clock::now_ms;
@@ -28,7 +27,7 @@ use crate::endpoint::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{
-    self, decide, Action, AttemptResult, Classified, DeadReason, Decision, EffectivePolicy, Verdict,
+    self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy, Verdict,
 };
 use crate::publish::PublishError;
 use crate::telemetry;
@@ -86,12 +85,10 @@ async fn settle<H>(
         Some(Ok(Done::Retried)) => lease.ack(),
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
-            let cure = match &e {
-                PublishError::Unroutable | PublishError::ConfirmTimeout(_) => true,
-                PublishError::History(h) => h.wants_new_connection(),
-                _ => false,
-            };
-            if cure {
+            if matches!(
+                e,
+                PublishError::Unroutable | PublishError::ConfirmTimeout(_)
+            ) {
                 ctx.broken.cancel();
             }
             tokio::select! {
@@ -156,21 +153,15 @@ async fn handle<H: DeliveryHandler>(
         Ok(decoded) => decoded,
         Err(e) => {
             slot.free();
-            let id = d.properties.message_id().as_ref().map(|m| m.to_string());
-            let record = seam::of_invalid(ctx, id.as_deref(), &e.to_string());
-            let dead = async {
-                dead_letter_invalid(ctx, d, &e)
-                    .await
-                    .map(|()| Done::Ack(None))
-            };
-            return seam::confirmed(ctx, record, dead).await;
+            return dead_letter_invalid(ctx, d, &e)
+                .await
+                .map(|()| Done::Ack(None));
         }
     };
     let age = Duration::from_millis(st.age_ms(now_ms()));
     if effective_policy(&ctx.settings, &n).expired(age) {
         slot.free();
-        let record = seam::of_unattempted(ctx, &n, &st, DeadReason::Expired);
-        return seam::confirmed(ctx, record, dead_letter_expired(ctx, d, &st, &n)).await;
+        return dead_letter_expired(ctx, d, &st, &n).await;
     }
     let mut waits = Waits::default();
     loop {
@@ -278,15 +269,7 @@ async fn attempt<H: DeliveryHandler>(
         },
     };
     let event = notify::for_attempt(ctx, d, &n, &st, &decision);
-    let seen = Seen {
-        attempt,
-        at_ms,
-        duration_ms: span.millis(),
-        result: &result,
-    };
-    let history = seam::of_attempt(ctx, &n, &st, seen, &decision);
-    let copied = copy(ctx, d, st, &decision, record, span, event);
-    seam::confirmed(ctx, history, copied).await
+    copy(ctx, d, st, &decision, record, span, event).await
 }
 
 /// What the attempt came to, for its endpoint's recent activity.

@@ -132,8 +132,6 @@ pub struct RunArgs {
     pub endpoint: EndpointArgs,
     #[command(flatten)]
     pub events: Box<EventArgs>,
-    #[command(flatten)]
-    pub history: Box<super::HistoryArgs>,
 }
 
 /// Operational events (docs/operations.md, "Operational events"). Every
