@@ -118,6 +118,7 @@ impl DeliveryHandler for PrintHandler {
             status: 200,
             body: n.success_body.clone().unwrap_or_default(),
             retry_after: None,
+            content_type: None,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod bench;
 pub mod cli;
 mod clock;
 pub mod config;
+pub mod console;
 pub mod control;
 pub mod delay;
 pub mod deliver;

@@ -47,6 +47,8 @@ pub enum PublishError {
     ConfirmTimeout(Duration),
     #[error("invalid notification: {0}")]
     Invalid(#[from] InvalidMessage),
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
 }
 
 /// Confirm-mode channels plus where things go. Publishes are spread over

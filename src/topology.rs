@@ -154,11 +154,16 @@ impl Topology {
             &self.events_relay(),
             &self.stall_lease("plugin"),
             &self.stall_lease("cascade"),
+            &crate::history::stream_name(&self.prefix),
         ] {
             ch.queue_delete(q.as_str().into(), Default::default())
                 .await?;
         }
-        for x in [&self.intake, &self.events] {
+        for x in [
+            &self.intake,
+            &self.events,
+            &crate::history::stream_name(&self.prefix),
+        ] {
             ch.exchange_delete(x.as_str().into(), Default::default())
                 .await?;
         }

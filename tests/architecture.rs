@@ -31,6 +31,7 @@ const LAYERS: &[&str] = &[
     "control",
     "worker",
     "ops",
+    "console",
     "bench",
     "cli",
 ];

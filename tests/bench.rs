@@ -50,6 +50,7 @@ fn quick_bench_runs_every_phase() {
         "12 flaky receiver",
         "13 probe cost",
         "15 endpoint state",
+        "17 history index",
     ] {
         let measured = figures
             .iter()

@@ -393,6 +393,7 @@ async fn a_handler_that_panics_leaves_its_message_requeued_not_stuck() {
                 status: 200,
                 body: String::new(),
                 retry_after: None,
+                content_type: None,
             }
         }
     }

@@ -206,12 +206,15 @@ const SETTLE_N: usize = 8;
 /// copies: whether every one was delivered after all.
 async fn delivered_after_a_crash(app: &TestApp, port: u16, settle: Duration) -> bool {
     let rx = Receiver::start(|r| Reply::status(if r.nth == 1 { 500 } else { 200 })).await;
-    app.publish(&[] as &[String]).await;
-    let_quorum_queues_age().await;
     let mut settings = schedule_settings("1s", 3, 4);
     settings.retry_settle = settle;
     settings.prefetch = Some(5);
     let w = app.spawn_worker(settings);
+    // The worker declares the streams too (endpoint state, history): on a
+    // fresh node the first one starts the stream coordinator, which ages
+    // like a quorum queue, or comes back from a kill -9 without it.
+    assert!(app.wait_consumers("work").await, "the worker consumes");
+    let_quorum_queues_age().await;
     let notes: Vec<_> = (0..SETTLE_N)
         .map(|i| json!({"url": rx.url("/"), "id": format!("settle-{i}")}))
         .collect();

@@ -11,15 +11,15 @@ use super::sink::Mode;
 /// One drain by the real worker: its rate at the sink, and the worker's
 /// and the broker's CPU seconds per 10,000 notifications.
 #[derive(Clone, Copy)]
-struct Drain {
-    rate: f64,
-    worker_cpu: Option<f64>,
-    broker_cpu: Option<f64>,
+pub(super) struct Drain {
+    pub(super) rate: f64,
+    pub(super) worker_cpu: Option<f64>,
+    pub(super) broker_cpu: Option<f64>,
     rss: Option<f64>,
 }
 
 /// Medians of some runs' field.
-fn med(runs: &[Drain], f: fn(&Drain) -> Option<f64>) -> Option<f64> {
+pub(super) fn med(runs: &[Drain], f: fn(&Drain) -> Option<f64>) -> Option<f64> {
     let v: Vec<f64> = runs.iter().filter_map(f).collect();
     median(&v)
 }
@@ -35,12 +35,14 @@ impl Bench {
         let mut off_args = args.clone();
         off_args.extend(["--isolation".into(), "off".into()]);
         let (mut on, mut ideal, mut off) = (vec![], vec![], vec![]);
-        let (mut traced, mut base) = (vec![], vec![]);
+        let (mut traced, mut base, mut quiet) = (vec![], vec![], vec![]);
         let collector = super::traced::Collector::start().await?;
+        let quiet_args = [args.clone(), vec!["--history".into(), "off".into()]].concat();
         for _ in 0..self.pairs() {
             on.push(self.drain_once("e2e", n, &args).await?);
             ideal.push(self.ideal_worker_rate().await?);
             off.push(self.drain_once("e2e-off", n, &off_args).await?.rate);
+            quiet.push(self.drain_once("e2e-no-history", n, &quiet_args).await?);
             let t = self.traced_spawner(&collector);
             traced.push(self.drain_as(t, "e2e-traced", n, &args).await?);
             if let Some(b) = self.baseline_spawner() {
@@ -79,6 +81,7 @@ impl Bench {
             cpu: [cpu_of(&on), cpu_of(&traced), cpu_of(&base)],
         };
         self.push_traced(&runs, &collector);
+        self.push_history(&on, &quiet);
         self.ceiling_ratio(rate);
         let cpu = med(&on, |d| d.worker_cpu);
         let name = "worker CPU per 10,000 deliveries (median)";

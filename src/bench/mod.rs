@@ -17,6 +17,8 @@ mod crash;
 mod e2e;
 mod events;
 mod flaky;
+mod history_cost;
+mod history_index;
 mod horizontal;
 mod ideal;
 mod load;

@@ -54,10 +54,13 @@ pub enum Phase {
     ///     with a queue bound to every event next to none, and with every
     ///     failure and recovery an event next to none, in alternating pairs.
     Events,
+    /// 17. The history console's index: ingest rate, and `show` and
+    ///     filtered `list` p99 with 10 million records (no broker).
+    HistoryIndex,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 15] = [
+    pub const ALL: [Phase; 16] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -73,6 +76,7 @@ impl Phase {
         Phase::ProbeCost,
         Phase::EndpointState,
         Phase::Events,
+        Phase::HistoryIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +97,7 @@ impl Phase {
             Phase::ConfirmWindow => "14 confirm window",
             Phase::EndpointState => "15 endpoint state",
             Phase::Events => "16 operational events",
+            Phase::HistoryIndex => "17 history index",
         }
     }
 }

@@ -77,6 +77,7 @@ impl Bench {
             Phase::ConfirmWindow => self.confirm_window().await,
             Phase::EndpointState => self.endpoint_state().await,
             Phase::Events => self.events().await,
+            Phase::HistoryIndex => self.history_index().await,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod config_cmd;
 pub mod endpoint;
 pub mod errors;
 pub mod file;
+pub mod history;
 pub mod ops;
 mod replay;
 mod route;
@@ -49,5 +50,10 @@ pub async fn execute(
         Command::Bench(a) => commands::bench(g, a, out).await,
         Command::Config(ConfigCommand::Check { file }) => config_cmd::check(file, out),
         Command::Config(ConfigCommand::Show(_)) => config_cmd::show(argv, out),
+        Command::Console(a) => history::console(g, a, shutdown).await,
+        Command::History(HistoryCommand::Show { id, console }) => {
+            history::show(id, console, out).await
+        }
+        Command::History(HistoryCommand::List(a)) => history::list(a, out).await,
     }
 }

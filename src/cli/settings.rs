@@ -70,6 +70,7 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
             types: args.events.events_types.clone(),
             failing_after: args.events.failing_after,
         },
+        history: args.history.settings(),
         ..WorkerSettings::default()
     })
 }

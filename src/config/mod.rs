@@ -204,6 +204,8 @@ pub struct WorkerSettings {
     pub ops_events: EventSettings,
     /// OpenTelemetry: a span per attempt when an OTLP exporter is set up.
     pub tracing: crate::telemetry::trace::Tracing,
+    /// The delivery history: on by default (`--history off`).
+    pub history: crate::history::HistorySettings,
 }
 
 /// One attempt and what was decided about it.
@@ -239,6 +241,7 @@ impl Default for WorkerSettings {
             control: ControlSettings::default(),
             ops_events: EventSettings::default(),
             tracing: Default::default(),
+            history: Default::default(),
         }
     }
 }

@@ -175,6 +175,11 @@ impl DeliveryHandler for HttpDeliverer {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = match read_capped(resp).await {
             Ok(b) => b,
             Err(e) => {
@@ -187,6 +192,7 @@ impl DeliveryHandler for HttpDeliverer {
             status,
             body,
             retry_after,
+            content_type,
         }
     }
 }

@@ -21,6 +21,8 @@ pub enum QueryError {
     Window { since: String, until: String },
     #[error("--limit takes 1 to {max}, not {0:?}", max = MAX_LIMIT)]
     Limit(String),
+    #[error("--endpoint takes an origin such as https://shop.example or http://10.0.0.5:8080, not {0:?}")]
+    Endpoint(String),
 }
 
 /// The most attempts one answer holds.
@@ -80,6 +82,15 @@ pub fn parse_time(s: &str, now: SystemTime) -> Result<SystemTime, QueryError> {
         .ok()
         .and_then(|ago| now.checked_sub(ago))
         .ok_or_else(|| QueryError::Time(s.to_string()))
+}
+
+/// An origin as records key it (`https://shop.example:443`): a URL with
+/// no path, its port filled in.
+pub fn parse_endpoint(s: &str) -> Result<String, QueryError> {
+    match crate::message::target::Target::parse(s.trim()) {
+        Ok(t) if t.is_origin() => Ok(t.origin_key()),
+        _ => Err(QueryError::Endpoint(s.to_string())),
+    }
 }
 
 pub fn parse_limit(s: &str) -> Result<u32, QueryError> {

@@ -96,6 +96,32 @@ pub fn body_for_record(body: &[u8], max: usize) -> Option<String> {
     Some(text[..end].to_string())
 }
 
+/// A record with every field set, for tests.
+#[cfg(test)]
+pub(crate) fn sample() -> Attempt {
+    Attempt {
+        notification_id: "n1".into(),
+        webhook_id: "msg_n1".into(),
+        run: Some("r1".into()),
+        attempt: 1,
+        endpoint: "https://h.example:443".into(),
+        url: "https://h.example/cb".into(),
+        started_at: "2026-11-28T08:00:00.000Z".into(),
+        duration_ms: 12,
+        status: Some(500),
+        error: None,
+        outcome: Outcome::Retry,
+        next_attempt_at: Some("2026-11-28T08:00:15.000Z".into()),
+        dead_reason: None,
+        response_body: Some("oops".into()),
+        response_content_type: Some("text/plain".into()),
+        request_body: None,
+        request_headers: vec![],
+        worker: "w1".into(),
+        trace_id: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,27 +162,7 @@ mod tests {
 
     #[test]
     fn the_wire_format_names_the_documented_fields() {
-        let a = Attempt {
-            notification_id: "n1".into(),
-            webhook_id: "msg_n1".into(),
-            run: Some("r1".into()),
-            attempt: 1,
-            endpoint: "https://h.example:443".into(),
-            url: "https://h.example/cb".into(),
-            started_at: "2026-11-28T08:00:00.000Z".into(),
-            duration_ms: 12,
-            status: Some(500),
-            error: None,
-            outcome: Outcome::Retry,
-            next_attempt_at: Some("2026-11-28T08:00:15.000Z".into()),
-            dead_reason: None,
-            response_body: Some("oops".into()),
-            response_content_type: Some("text/plain".into()),
-            request_body: None,
-            request_headers: vec![],
-            worker: "w1".into(),
-            trace_id: None,
-        };
+        let a = sample();
         let v = serde_json::to_value(&a).unwrap();
         for k in [
             "notification_id",

@@ -179,7 +179,7 @@ pub fn parse_url(s: &str) -> Result<Url, InvalidMessage> {
     Ok(url)
 }
 
-fn check_id(id: &str) -> Result<String, InvalidMessage> {
+pub fn check_id(id: &str) -> Result<String, InvalidMessage> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(InvalidMessage::BadId(format!(
             "must be 1..={MAX_ID_LEN} bytes"

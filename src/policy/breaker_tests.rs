@@ -21,6 +21,7 @@ fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
         status,
         body: String::new(),
         retry_after: retry_after.map(Duration::from_secs),
+        content_type: None,
     }
 }
 

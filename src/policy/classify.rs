@@ -15,6 +15,8 @@ pub enum AttemptResult {
         body: String,
         /// Parsed `Retry-After`, when the receiver sent one.
         retry_after: Option<Duration>,
+        /// The response's `Content-Type`, for the history.
+        content_type: Option<String>,
     },
     /// No answer: connection refused, timeout, TLS failure, ...
     Failed { error: String },
@@ -81,6 +83,7 @@ pub fn classify(
             status,
             body,
             retry_after,
+            ..
         } => {
             let status = *status;
             let expected = success_body.or(rules.success_body.as_deref());
@@ -136,6 +139,7 @@ mod tests {
             status,
             body: body.into(),
             retry_after: Some(Duration::from_secs(30)),
+            content_type: None,
         }
     }
 

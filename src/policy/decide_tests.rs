@@ -113,6 +113,7 @@ fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
         status,
         body: String::new(),
         retry_after: retry_after.map(Duration::from_secs),
+        content_type: None,
     }
 }
 
@@ -203,6 +204,7 @@ fn the_notification_overrides_its_route() {
         status: 200,
         body: body.into(),
         retry_after: None,
+        content_type: None,
     };
     assert_eq!(decided(&p, &ok("own-ok"), 1), Action::Ack);
     assert!(matches!(
@@ -226,6 +228,7 @@ fn a_route_success_body_applies_when_the_notification_has_none() {
         status: 200,
         body: "route-ok".into(),
         retry_after: None,
+        content_type: None,
     };
     assert_eq!(decided(&p, &ok, 1), Action::Ack);
 }

@@ -10,10 +10,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::context::{Context, Done};
 use super::copy::{dead_letter_disabled, hold};
+use super::record as seam;
 use crate::control::Gate;
 use crate::endpoint::Admission;
 use crate::message::state::RetryState;
 use crate::message::Notification;
+use crate::policy::DeadReason;
 use crate::publish::PublishError;
 use crate::telemetry::{self, GaugeGuard};
 
@@ -110,7 +112,8 @@ pub(super) async fn held_back<H>(
         }
         Gate::Disabled { target } => {
             slot.free();
-            dead_letter_disabled(ctx, d, st, n, &target).await
+            let record = seam::of_unattempted(ctx, n, st, DeadReason::EndpointDisabled);
+            seam::confirmed(ctx, record, dead_letter_disabled(ctx, d, st, n, &target)).await
         }
     };
     Some(done)

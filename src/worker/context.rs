@@ -13,6 +13,7 @@ use crate::config::WorkerSettings;
 use crate::control::Control;
 use crate::endpoint::Endpoints;
 use crate::events::Emitter;
+use crate::history::Recorder;
 use crate::publish::Publisher;
 
 /// What every delivery task of one connection shares.
@@ -21,6 +22,11 @@ pub struct Context<H> {
     pub publisher: Publisher,
     /// Operational events, on the publisher's channels.
     pub events: Emitter,
+    /// Appends each attempt's record to `<prefix>.history`; `None` with
+    /// `--history off`.
+    pub history: Option<Recorder>,
+    /// This process as records name it (`host/pid`).
+    pub worker: String,
     pub settings: WorkerSettings,
     /// Cancelled when the shutdown grace is over: unfinished deliveries are
     /// then nacked back to the queue.

@@ -28,6 +28,8 @@ pub enum WorkerError {
     RelayStopped,
     #[error("the delay probe stopped; reconnecting")]
     ProbeStopped,
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
     #[error("the shared endpoint state: {0}")]
     Control(#[from] crate::control::ControlError),
     #[error("concurrency must be at least 1")]
@@ -43,6 +45,7 @@ impl WorkerError {
             WorkerError::Connect { source, .. } => {
                 crate::config::is_permanent_connect_error(&source.to_string())
             }
+            WorkerError::History(h) => h.is_fatal(),
             WorkerError::Concurrency
             | WorkerError::BadUrl { .. }
             | WorkerError::Topology(TopologyError::DelayedExchangeMissing)

@@ -9,6 +9,7 @@ mod error;
 mod feed;
 mod notify;
 pub(crate) mod process;
+mod record;
 mod session;
 mod traced;
 mod wait;

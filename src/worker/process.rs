@@ -18,6 +18,7 @@ use super::context::{Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use super::notify;
+use super::record::{self as seam, Seen};
 use super::traced;
 use super::wait::{wait_here, Waits};
 use crate::clock::now_ms;
@@ -27,7 +28,7 @@ use crate::endpoint::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{
-    self, decide, Action, AttemptResult, Classified, Decision, EffectivePolicy, Verdict,
+    self, decide, Action, AttemptResult, Classified, DeadReason, Decision, EffectivePolicy, Verdict,
 };
 use crate::publish::PublishError;
 use crate::telemetry;
@@ -85,10 +86,12 @@ async fn settle<H>(
         Some(Ok(Done::Retried)) => lease.ack(),
         Some(Err(e)) => {
             warn!(error = %e, "republish not confirmed; requeueing the original");
-            if matches!(
-                e,
-                PublishError::Unroutable | PublishError::ConfirmTimeout(_)
-            ) {
+            let cure = match &e {
+                PublishError::Unroutable | PublishError::ConfirmTimeout(_) => true,
+                PublishError::History(h) => h.wants_new_connection(),
+                _ => false,
+            };
+            if cure {
                 ctx.broken.cancel();
             }
             tokio::select! {
@@ -153,15 +156,21 @@ async fn handle<H: DeliveryHandler>(
         Ok(decoded) => decoded,
         Err(e) => {
             slot.free();
-            return dead_letter_invalid(ctx, d, &e)
-                .await
-                .map(|()| Done::Ack(None));
+            let id = d.properties.message_id().as_ref().map(|m| m.to_string());
+            let record = seam::of_invalid(ctx, id.as_deref(), &e.to_string());
+            let dead = async {
+                dead_letter_invalid(ctx, d, &e)
+                    .await
+                    .map(|()| Done::Ack(None))
+            };
+            return seam::confirmed(ctx, record, dead).await;
         }
     };
     let age = Duration::from_millis(st.age_ms(now_ms()));
     if effective_policy(&ctx.settings, &n).expired(age) {
         slot.free();
-        return dead_letter_expired(ctx, d, &st, &n).await;
+        let record = seam::of_unattempted(ctx, &n, &st, DeadReason::Expired);
+        return seam::confirmed(ctx, record, dead_letter_expired(ctx, d, &st, &n)).await;
     }
     let mut waits = Waits::default();
     loop {
@@ -269,7 +278,15 @@ async fn attempt<H: DeliveryHandler>(
         },
     };
     let event = notify::for_attempt(ctx, d, &n, &st, &decision);
-    copy(ctx, d, st, &decision, record, span, event).await
+    let seen = Seen {
+        attempt,
+        at_ms,
+        duration_ms: span.millis(),
+        result: &result,
+    };
+    let history = seam::of_attempt(ctx, &n, &st, seen, &decision);
+    let copied = copy(ctx, d, st, &decision, record, span, event);
+    seam::confirmed(ctx, history, copied).await
 }
 
 /// What the attempt came to, for its endpoint's recent activity.

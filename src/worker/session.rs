@@ -25,6 +25,7 @@ use crate::delay::probe::{Prober, Watch};
 use crate::deliver::DeliveryHandler;
 use crate::endpoint::Endpoints;
 use crate::events::{relay, Emitter};
+use crate::history::Recorder;
 use crate::publish::Publisher;
 use crate::telemetry;
 use crate::topology::Topology;
@@ -84,7 +85,7 @@ pub(super) struct Session<H> {
 /// What the session's deliveries share.
 fn context<H>(
     handler: &Arc<H>,
-    (publisher, events): (Publisher, Emitter),
+    (publisher, events, history): (Publisher, Emitter, Option<Recorder>),
     settings: &WorkerSettings,
     (hard_stop, stopping): (CancellationToken, CancellationToken),
     shared: &Shared,
@@ -94,6 +95,8 @@ fn context<H>(
         handler: handler.clone(),
         publisher,
         events,
+        history,
+        worker: telemetry::worker_id(),
         settings: settings.clone(),
         hard_stop,
         broken: CancellationToken::new(),
@@ -125,15 +128,15 @@ impl<H: DeliveryHandler> Session<H> {
         let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
         let publisher = open_publisher(conn, broker, &topology, settings, shared).await?;
         let events = Emitter::new(&publisher, &topology, &settings.ops_events);
+        let history = super::record::open(conn, &broker.prefix, settings).await?;
         let (tracker, helpers) = (TaskTracker::new(), CancellationToken::new());
         // Should a later step fail, the helpers started so far stop.
         let stop_helpers = helpers.clone().drop_guard();
         // The endpoint state is read whole before the consumer starts: a
         // pause or a disable applies from this session's first delivery.
-        let endpoints = shared.endpoints.clone();
         shared
             .control
-            .attach(conn, &topology, endpoints, &events, &helpers)
+            .attach(conn, &topology, shared.endpoints.clone(), &events, &helpers)
             .await?;
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
@@ -152,7 +155,7 @@ impl<H: DeliveryHandler> Session<H> {
         };
         let ctx = context(
             handler,
-            (publisher, events),
+            (publisher, events, history),
             settings,
             // The helpers stop when the session begins to stop.
             (hard_stop, helpers.clone()),

@@ -284,6 +284,10 @@ pub async fn assert_quiet_for(window: Duration, what: &str, count: impl Fn() -> 
 
 /// RabbitMQ 3.10 persists a quorum queue's Ra registration lazily: one
 /// declared seconds before a broker `kill -9` comes back without a leader.
+/// So does the stream coordinator, started by a node's first stream: a
+/// kill -9 seconds after it loses every stream of the node ("home node
+/// ... is down or inaccessible" at each declare, seen with the history
+/// stream that every worker declares).
 /// Nothing observable says when it is safe, so tests that kill the broker
 /// let the queues age this long first.
 pub async fn let_quorum_queues_age() {

@@ -200,6 +200,7 @@ macro_rules! both_backends {
 pub mod app;
 pub mod chaos;
 pub mod cluster;
+pub mod console;
 pub mod dead_letters;
 pub mod delayed;
 pub mod endpoints;

@@ -5,6 +5,7 @@
 
 mod dlq;
 mod endpoint;
+mod history;
 mod ops;
 mod parse;
 mod publish;
@@ -12,6 +13,7 @@ mod run;
 
 pub use dlq::*;
 pub use endpoint::*;
+pub use history::*;
 pub use ops::*;
 pub use parse::OrOff;
 pub use publish::*;
@@ -117,6 +119,12 @@ pub enum Command {
     /// Check a config file, or print the effective settings of `run`.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Follow the history stream into an index, and answer the history
+    /// API (`redeliver history`) over HTTP.
+    Console(ConsoleArgs),
+    /// What happened to a notification: its attempts, from a console.
+    #[command(subcommand)]
+    History(HistoryCommand),
 }
 
 #[derive(Debug, Subcommand)]

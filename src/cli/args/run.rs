@@ -132,6 +132,8 @@ pub struct RunArgs {
     pub endpoint: EndpointArgs,
     #[command(flatten)]
     pub events: Box<EventArgs>,
+    #[command(flatten)]
+    pub history: Box<super::HistoryArgs>,
 }
 
 /// Operational events (docs/operations.md, "Operational events"). Every
