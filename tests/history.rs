@@ -236,6 +236,15 @@ async fn the_api_and_the_cli_answer_as_documented() {
     );
     let v: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    // A dead letter made with no attempt (here: not a notification) has
+    // its record too: attempt 0, outcome dead, no status, its reason.
+    app.publish_raw(b"not json", None).await;
+    let all = console.wait_records(2, Duration::from_secs(10)).await;
+    let invalid = all.iter().find(|r| r["attempt"] == 0);
+    let invalid = invalid.unwrap_or_else(|| panic!("no record of the invalid one: {all:?}"));
+    assert_eq!(invalid["outcome"], "dead", "{invalid}");
+    assert_eq!(invalid["status"], Value::Null, "{invalid}");
+    assert_eq!(invalid["dead_reason"], "invalid", "{invalid}");
     let unknown = history_cli(&console, &["show", "nobody"]);
     assert_eq!(unknown.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no attempts recorded"));

@@ -3,6 +3,11 @@
 //! stand-in's fault switch (`tests/broker/ctl wedge`, per exchange, so the
 //! shared node's other tests are not held), `/metrics`, `/readyz`,
 //! `status` and real HTTP receivers.
+//!
+//! Every test runs on a multi-thread runtime: its receivers share it with
+//! blocking calls (`redeliver status`, `tests/broker/ctl`), and on one
+//! thread a slow `status` held their answers past the worker's 15 s
+//! timeout (a third attempt of a notification that had answered 200).
 
 mod common;
 
@@ -90,7 +95,7 @@ async fn readyz(admin: u16) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wedged_plugin_is_reported_within_a_minute_and_cleared_after() {
     let app = TestApp::new("probe-wedge", DelayBackend::Plugin);
     let mut events = Sink::bind(&app, "ev-delay", &["delay-backend.*"]).await;
@@ -209,7 +214,7 @@ async fn wait_delivered(rxs: &[Receiver], ids: &[String], within: Duration) -> V
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failover_delivers_retries_through_the_cascade_while_the_plugin_is_wedged() {
     let app = TestApp::new("probe-failover", DelayBackend::Plugin);
     let rxs = fail_once_receivers(4).await;
@@ -246,7 +251,7 @@ async fn failover_delivers_retries_through_the_cascade_while_the_plugin_is_wedge
     assert!(app.drain_dead().await.is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cascade_stage_deleted_by_hand_is_reported_the_same_way() {
     let app = TestApp::new("probe-stage", DelayBackend::Cascade);
     let mut events = Sink::bind(&app, "ev-delay", &["delay-backend.*"]).await;
@@ -275,7 +280,7 @@ async fn a_cascade_stage_deleted_by_hand_is_reported_the_same_way() {
     one_stall_and_its_recovery(&app, &mut events, "cascade").await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_failover_loses_nothing() {
     let app = TestApp::new("probe-kill", DelayBackend::Plugin);
     let rxs = fail_once_receivers(4).await;
@@ -312,7 +317,7 @@ async fn kill_9_during_failover_loses_nothing() {
     assert!(app.drain_dead().await.is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn probes_never_reach_a_receiver_the_dlq_or_leave_a_queue_behind() {
     for backend in [DelayBackend::Plugin, DelayBackend::Cascade] {
         let app = TestApp::new("probe-quiet", backend);

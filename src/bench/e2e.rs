@@ -49,29 +49,7 @@ impl Bench {
                 base.push(self.drain_as(b, "e2e-base", n, &args).await?);
             }
         }
-        let p = Phase::E2e;
-        let rate = med(&on, |d| Some(d.rate)).unwrap_or(0.0);
-        let name = format!("deliveries, 1 worker, concurrency {c} (median)");
-        self.push(p, name, Some(rate), "msg/s");
-        self.push(
-            p,
-            "deliveries, --isolation off (median)",
-            median(&off),
-            "msg/s",
-        );
-        let name = "ideal worker (bare lapin + hyper + ack) (median)";
-        self.push(p, name, median(&ideal), "msg/s");
-        let pairs = |b: &[f64]| -> Vec<(f64, f64)> {
-            on.iter().map(|d| d.rate).zip(b.iter().copied()).collect()
-        };
-        let spread = Spread::of_pairs(&pairs(&ideal));
-        self.push_pairs(p, "ratio to ideal worker", spread, Some("≥ 0.90"), |r| {
-            r >= 0.90
-        });
-        let spread = Spread::of_pairs(&pairs(&off));
-        self.push_pairs(p, "isolation on ÷ off", spread, Some("≥ 0.97"), |r| {
-            r >= 0.97
-        });
+        let rate = self.push_rates(c, &on, &ideal, &off);
         let cpu_of = |d: &[Drain]| med(d, |d| d.worker_cpu);
         let rates = |d: &[Drain]| d.iter().map(|d| d.rate).collect::<Vec<f64>>();
         let runs = super::traced::Runs {
@@ -83,6 +61,7 @@ impl Bench {
         self.push_traced(&runs, &collector);
         self.push_history(&on, &quiet);
         self.ceiling_ratio(rate);
+        let p = Phase::E2e;
         let cpu = med(&on, |d| d.worker_cpu);
         let name = "worker CPU per 10,000 deliveries (median)";
         self.push_target(p, name, cpu, "s", "≤ 0.40", |s| s <= 0.40);
@@ -91,6 +70,35 @@ impl Bench {
         self.e2e_per_s = Some(rate);
         self.e2e_cpu_per_10k = cpu;
         Ok(())
+    }
+
+    /// The default's rate (returned), `--isolation off`'s and the ideal
+    /// worker's, and the default's ratio to each, as medians of pairs.
+    fn push_rates(&mut self, c: usize, on: &[Drain], ideal: &[f64], off: &[f64]) -> f64 {
+        let p = Phase::E2e;
+        let rate = med(on, |d| Some(d.rate)).unwrap_or(0.0);
+        let name = format!("deliveries, 1 worker, concurrency {c} (median)");
+        self.push(p, name, Some(rate), "msg/s");
+        self.push(
+            p,
+            "deliveries, --isolation off (median)",
+            median(off),
+            "msg/s",
+        );
+        let name = "ideal worker (bare lapin + hyper + ack) (median)";
+        self.push(p, name, median(ideal), "msg/s");
+        let pairs = |b: &[f64]| -> Vec<(f64, f64)> {
+            on.iter().map(|d| d.rate).zip(b.iter().copied()).collect()
+        };
+        let spread = Spread::of_pairs(&pairs(ideal));
+        self.push_pairs(p, "ratio to ideal worker", spread, Some("≥ 0.90"), |r| {
+            r >= 0.90
+        });
+        let spread = Spread::of_pairs(&pairs(off));
+        self.push_pairs(p, "isolation on ÷ off", spread, Some("≥ 0.97"), |r| {
+            r >= 0.97
+        });
+        rate
     }
 
     /// End to end against the ceilings of phases 1 and 2 (run once each,

@@ -45,11 +45,17 @@ pub enum HistoryError {
 }
 
 impl HistoryError {
-    /// Whether a new connection may cure it (the stream redeclared).
+    /// Whether a new connection may cure it (the stream redeclared, the
+    /// writer's channel opened again). An AMQP error is one: the broker
+    /// closes a channel on the errors it raises, and every later record
+    /// on it would fail, each failure an attempt repeated for nothing.
     pub fn wants_new_connection(&self) -> bool {
         matches!(
             self,
-            HistoryError::Unroutable(_) | HistoryError::Timeout(_) | HistoryError::Closed
+            HistoryError::Amqp(_)
+                | HistoryError::Unroutable(_)
+                | HistoryError::Timeout(_)
+                | HistoryError::Closed
         )
     }
 
@@ -191,5 +197,19 @@ mod tests {
         assert_eq!(d(90 * 60), "90m");
         assert_eq!(d(45), "45s");
         assert_eq!(d(0), "1s");
+    }
+
+    #[test]
+    fn only_errors_a_new_connection_can_cure_ask_for_one() {
+        let cured = |e: HistoryError| e.wants_new_connection();
+        assert!(cured(HistoryError::Amqp("channel closed".into())));
+        assert!(cured(HistoryError::Timeout(OP_TIMEOUT)));
+        assert!(cured(HistoryError::Closed));
+        assert!(!cured(HistoryError::Nacked));
+        let refused = HistoryError::Refused {
+            name: "x".into(),
+            reason: "y".into(),
+        };
+        assert!(!cured(refused));
     }
 }

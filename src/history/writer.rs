@@ -10,6 +10,7 @@
 //! the next batch, and the broker sees one message per batch.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -21,9 +22,17 @@ use super::stream::{bounded, HistoryError, OP_TIMEOUT};
 use super::wire;
 
 /// Records taken in one turn.
-const TURN: usize = 1024;
-/// Messages awaiting their confirms at once.
-const IN_FLIGHT: usize = 4;
+const TURN: usize = 4096;
+/// Turns awaiting their confirms at once. One: the broker's cost is per
+/// message far more than per byte, and the records of a busy worker that
+/// pile up during one round trip then go as one message.
+const IN_FLIGHT: usize = 1;
+/// The shortest time between two turns. A busy worker's records then go
+/// in a few hundred messages a second, whatever the round trip: each
+/// message costs the broker and the worker far more than its bytes. The
+/// ack waits that much longer; the concurrency slot does not (it is freed
+/// when the attempt ends).
+const LINGER: Duration = Duration::from_millis(5);
 
 type Reply = oneshot::Sender<Result<(), HistoryError>>;
 
@@ -65,12 +74,15 @@ impl Recorder {
 async fn run(ch: Arc<Channel>, name: Arc<str>, mut rx: mpsc::UnboundedReceiver<Job>) {
     let mut flying = FuturesUnordered::new();
     let mut jobs = Vec::with_capacity(TURN);
+    let mut last_turn = Instant::now();
     loop {
         tokio::select! {
             n = rx.recv_many(&mut jobs, TURN), if flying.len() < IN_FLIGHT => {
                 if n == 0 {
                     break;
                 }
+                gather(&mut rx, &mut jobs, last_turn).await;
+                last_turn = Instant::now();
                 let (lines, replies): (Vec<_>, Vec<_>) =
                     jobs.drain(..).map(|j| (j.line, j.done)).unzip();
                 let mut replies = replies.into_iter();
@@ -85,6 +97,23 @@ async fn run(ch: Arc<Channel>, name: Arc<str>, mut rx: mpsc::UnboundedReceiver<J
     }
     while flying.next().await.is_some() {}
     let _ = ch.close(200, "history writer done".into()).await;
+}
+
+/// Turns come at most every [`LINGER`]: a turn sooner than that waits out
+/// the rest, taking what arrives meanwhile. After a quiet spell a record
+/// goes at once.
+async fn gather(rx: &mut mpsc::UnboundedReceiver<Job>, jobs: &mut Vec<Job>, last_turn: Instant) {
+    let rest = LINGER.saturating_sub(last_turn.elapsed());
+    if rest.is_zero() || jobs.len() >= TURN {
+        return;
+    }
+    tokio::time::sleep(rest).await;
+    while jobs.len() < TURN {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
 }
 
 /// Publishes one message and tells each of its records' waiters.

@@ -122,7 +122,7 @@ fn base(s: &HistorySettings, n: &Notification, st: &RetryState, worker: &str) ->
         endpoint: Target::origin_of(&n.url)
             .map(|t| t.origin_key())
             .unwrap_or_default(),
-        url: url_for_record(n.url.as_str()),
+        url: url_for_record(&n.url),
         request_headers: n
             .headers
             .iter()

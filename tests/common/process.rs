@@ -93,9 +93,25 @@ impl Proc {
     }
 }
 
+/// How many of its last log lines a process shows when its test fails.
+const SHOWN_ON_FAILURE: usize = 80;
+
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+        // A failing test's own message rarely says why a worker did what
+        // it did; its last log lines usually do (CI keeps only the output).
+        if std::thread::panicking() {
+            if let Ok(err) = self.err.lock() {
+                let from = err.len().saturating_sub(SHOWN_ON_FAILURE);
+                eprintln!(
+                    "--- the last {} log lines of pid {}:",
+                    err.len() - from,
+                    self.child.id()
+                );
+                err[from..].iter().for_each(|l| eprintln!("{l}"));
+            }
+        }
     }
 }
 
