@@ -262,6 +262,15 @@ async fn the_api_and_the_cli_answer_as_documented() {
         .output()
         .unwrap();
     assert_eq!(bad_url.status.code(), Some(2), "{bad_url:?}");
+    // Open to the network without a token: refused at start, exit 2,
+    // before it touches its data directory.
+    let data = std::env::temp_dir().join(app.name("console-open"));
+    let data = data.to_string_lossy().to_string();
+    let open = app.cli(&["console", "--listen", "0.0.0.0:0", "--data", &data]);
+    let err = String::from_utf8_lossy(&open.stderr);
+    assert_eq!(open.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a loopback address"), "{err}");
+    assert!(!std::path::Path::new(&data).exists(), "{data}");
     // The stream exists with the default retention: a worker that asks
     // for another stops at start and says why.
     let other = app.cli(&["run", "--history-max-age", "1d"]);
