@@ -177,17 +177,29 @@ impl Inbox {
     /// Receives until `n` distinct message ids have arrived; returns every
     /// arrival (duplicates included) as (message id, instant) in arrival order.
     pub async fn collect(&mut self, n: usize, within: Duration) -> Vec<(String, Instant)> {
+        match self.try_collect(n, within).await {
+            Ok(all) => all,
+            Err(seen) => panic!("only {seen} of {n} arrived within {within:?}"),
+        }
+    }
+
+    /// [`Inbox::collect`], or how many distinct ids arrived in time.
+    pub async fn try_collect(
+        &mut self,
+        n: usize,
+        within: Duration,
+    ) -> Result<Vec<(String, Instant)>, usize> {
         let deadline = Instant::now() + within;
         let (mut all, mut seen) = (Vec::new(), HashSet::new());
         while seen.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(Some((d, at))) = timeout(left, self.0.recv()).await else {
-                panic!("only {} of {n} arrived within {within:?}", seen.len());
+                return Err(seen.len());
             };
             seen.insert(id_of(&d));
             all.push((id_of(&d), at));
         }
-        all
+        Ok(all)
     }
 }
 
