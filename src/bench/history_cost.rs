@@ -20,21 +20,19 @@ impl Bench {
         self.push_pairs(p, "history on ÷ off", spread, Some("≥ 0.95"), |r| {
             r >= 0.95
         });
-        let added = |d: &[Drain]| med(d, |d| d.worker_cpu);
-        let cpu = match (added(on), added(off)) {
-            (Some(a), Some(b)) => Some(a - b),
-            _ => None,
-        };
+        let worker = |d: &[Drain]| med(d, |d| d.worker_cpu);
+        let cpu = added(worker(on), worker(off));
         let name = "worker CPU per 10,000 added by the history (median on − off)";
         self.push_target(p, name, cpu, "s", "≤ 0.05", |s| s <= 0.05);
         let broker = |d: &[Drain]| med(d, |d| d.broker_cpu);
         let name = "broker CPU per 10,000, --history off (local node, median)";
         self.push(p, name, broker(off), "s");
-        let added = match (broker(on), broker(off)) {
-            (Some(a), Some(b)) => Some(a - b),
-            _ => None,
-        };
         let name = "broker CPU per 10,000 added by the history (median on − off)";
-        self.push(p, name, added, "s");
+        self.push(p, name, added(broker(on), broker(off)), "s");
     }
+}
+
+/// What history on adds to a median, when both were measured.
+fn added(on: Option<f64>, off: Option<f64>) -> Option<f64> {
+    Some(on? - off?)
 }
