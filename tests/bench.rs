@@ -51,6 +51,7 @@ fn quick_bench_runs_every_phase() {
         "13 probe cost",
         "15 endpoint state",
         "17 history index",
+        "18 console pages",
     ] {
         let measured = figures
             .iter()

@@ -129,6 +129,11 @@ fn started_ms(i: usize) -> i64 {
 /// Record `i`: attempt `i % 3 + 1` of notification `n-{i / 3}`, with a
 /// status, outcome and a short response body of the kinds seen in use.
 fn row(i: usize) -> Row {
+    row_at(i, started_ms(i))
+}
+
+/// Record `i`, started at `at_ms`.
+pub(super) fn row_at(i: usize, at_ms: i64) -> Row {
     let (status, outcome) = match i % 10 {
         0 => (Some(503), Outcome::Retry),
         1 => (Some(500), Outcome::Retry),
@@ -136,7 +141,7 @@ fn row(i: usize) -> Row {
         3 => (None, Outcome::Retry),
         _ => (Some(200), Outcome::Delivered),
     };
-    let at = UNIX_EPOCH + Duration::from_millis(started_ms(i) as u64);
+    let at = UNIX_EPOCH + Duration::from_millis(at_ms as u64);
     let a = Attempt {
         notification_id: format!("n-{}", i / 3),
         webhook_id: format!("n-{}", i / 3),

@@ -13,6 +13,7 @@
 //! operational events cost.
 
 mod cluster;
+mod console_pages;
 mod crash;
 mod e2e;
 mod events;

@@ -57,10 +57,13 @@ pub enum Phase {
     /// 17. The history console's index: ingest rate, and `show` and
     ///     filtered `list` p99 with 10 million records (no broker).
     HistoryIndex,
+    /// 18. The web console's pages: the slowest server time of each with
+    ///     1 million attempts indexed and 10,000 dead letters.
+    ConsolePages,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 16] = [
+    pub const ALL: [Phase; 17] = [
         Phase::Broker,
         Phase::Sink,
         Phase::E2e,
@@ -77,6 +80,7 @@ impl Phase {
         Phase::EndpointState,
         Phase::Events,
         Phase::HistoryIndex,
+        Phase::ConsolePages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +102,7 @@ impl Phase {
             Phase::EndpointState => "15 endpoint state",
             Phase::Events => "16 operational events",
             Phase::HistoryIndex => "17 history index",
+            Phase::ConsolePages => "18 console pages",
         }
     }
 }

@@ -78,6 +78,7 @@ impl Bench {
             Phase::EndpointState => self.endpoint_state().await,
             Phase::Events => self.events().await,
             Phase::HistoryIndex => self.history_index().await,
+            Phase::ConsolePages => self.console_pages().await,
         }
     }
 

@@ -31,6 +31,11 @@ pub async fn console(
             .clone()
             .filter(|t| !t.is_empty())
             .map(SecretString::from),
+        read_token: a
+            .read_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .map(SecretString::from),
         history: HistorySettings {
             max_age: a.history_max_age,
             max_bytes: a.history_max_bytes,

@@ -1,62 +1,55 @@
-//! The console's HTTP API: `/readyz`, and the history as JSON arrays of
-//! records, behind `Authorization: Bearer TOKEN` when a token is set.
-//! Reads run on blocking threads against the index's reading connection.
+//! The console's HTTP routes: `/readyz`, the history as JSON arrays of
+//! records, the endpoints, and the changes (`actions`), all behind the
+//! guard (`app`); the pages are merged in from `web`. Reads run on
+//! blocking threads against the index's reading connection.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use axum::extract::{Path, Query, Request, State as Shared};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
-use secrecy::{ExposeSecret, SecretString};
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use super::actions;
+use super::app::{self, Shared};
 use super::error::ConsoleError;
 use super::index;
+use super::rollup;
+use super::web;
 use crate::history::query::{self, Filter, QueryError};
 
-/// What the handlers share.
-#[derive(Clone)]
-pub struct State {
-    db: Arc<Mutex<rusqlite::Connection>>,
-    token: Option<Arc<SecretString>>,
-    ready: Arc<AtomicBool>,
-}
-
-impl State {
-    pub fn new(
-        db: Arc<Mutex<rusqlite::Connection>>,
-        token: Option<SecretString>,
-        ready: Arc<AtomicBool>,
-    ) -> Self {
-        State {
-            db,
-            token: token.map(Arc::new),
-            ready,
-        }
-    }
-}
-
-/// Serves until `stop`.
+/// Serves the pages and the API until `stop`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: State,
+    state: Shared,
     stop: CancellationToken,
 ) -> Result<(), ConsoleError> {
     let addr = listener.local_addr().ok();
     let api = Router::new()
         .route("/api/notifications/{id}/attempts", get(attempts_of))
         .route("/api/attempts", get(attempts))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorized));
+        .route("/api/endpoints", get(endpoints))
+        .route("/api/endpoints/{action}", post(change))
+        .route("/api/dead-letters", get(actions::dead_letters))
+        .route("/api/dead-letters/replay", post(actions::start_replay))
+        .route("/api/dead-letters/replays", get(actions::replays))
+        .route("/api/dead-letters/purge", post(actions::purge))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            app::api_guard,
+        ));
     let app = Router::new()
         .route("/readyz", get(readyz))
         .merge(api)
+        .merge(web::routes(state.clone()))
+        .layer(middleware::from_fn(web::harden))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -68,7 +61,7 @@ pub async fn serve(
 }
 
 /// 200 once the index has caught up with the stream as of the start.
-async fn readyz(Shared(s): Shared<State>) -> Response {
+async fn readyz(State(s): State<Shared>) -> Response {
     match s.ready.load(Ordering::Relaxed) {
         true => (StatusCode::OK, "ready\n").into_response(),
         false => (
@@ -79,33 +72,53 @@ async fn readyz(Shared(s): Shared<State>) -> Response {
     }
 }
 
-/// 401 without the bearer token (compared in constant time).
-async fn authorized(Shared(s): Shared<State>, h: HeaderMap, req: Request, next: Next) -> Response {
-    if let Some(token) = &s.token {
-        let given = h
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !same(given.as_bytes(), token.expose_secret().as_bytes()) {
-            let challenge = [(header::WWW_AUTHENTICATE, "Bearer")];
-            return (
-                StatusCode::UNAUTHORIZED,
-                challenge,
-                error_body("a bearer token is required"),
-            )
-                .into_response();
-        }
+/// `POST /api/endpoints/{pause|resume|disable|enable}`.
+async fn change(State(s): State<Shared>, Path(action): Path<String>, b: Bytes) -> Response {
+    match action.as_str() {
+        "pause" | "resume" | "disable" | "enable" => actions::change(s, &action, b).await,
+        other => app::error(
+            StatusCode::NOT_FOUND,
+            &format!("no action {other:?}: pause, resume, disable or enable"),
+        ),
     }
-    next.run(req).await
 }
 
-/// Equal bytes, in time that depends on the lengths only.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// `GET /api/endpoints`: every row `endpoint list` shows, with the last
+/// hour's attempts, outcomes and latency percentiles from the history.
+async fn endpoints(State(s): State<Shared>) -> Response {
+    let pulse = s.live.pulse().await;
+    let since = crate::clock::now_ms() - 3_600_000;
+    let db = s.db.clone();
+    let stats = tokio::task::spawn_blocking(move || {
+        let c = db
+            .lock()
+            .map_err(|_| "the index's lock was poisoned".to_string())?;
+        rollup::endpoints(&c, since, None).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let stats = match stats {
+        Ok(s) => s,
+        Err(e) => return app::error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    };
+    let rows: Vec<serde_json::Value> = pulse
+        .endpoints
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            let st = stats.get(&r.endpoint).cloned().unwrap_or_default();
+            v["last_hour"] = serde_json::json!({
+                "attempts": st.attempts(), "delivered": st.delivered, "retry": st.retry,
+                "dead": st.dead, "p50_ms": st.percentile_ms(50.0), "p99_ms": st.percentile_ms(99.0),
+            });
+            v
+        })
+        .collect();
+    Json(rows).into_response()
 }
 
-async fn attempts_of(Shared(s): Shared<State>, Path(id): Path<String>) -> Response {
+async fn attempts_of(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     read(s, move |c| index::show(c, &id)).await
 }
 
@@ -120,7 +133,7 @@ struct ListParams {
     limit: Option<String>,
 }
 
-async fn attempts(Shared(s): Shared<State>, Query(p): Query<ListParams>) -> Response {
+async fn attempts(State(s): State<Shared>, Query(p): Query<ListParams>) -> Response {
     match filter(&p, SystemTime::now()) {
         Ok(f) => read(s, move |c| index::list(c, &f)).await,
         Err(e) => (StatusCode::BAD_REQUEST, error_body(&e.to_string())).into_response(),
@@ -151,33 +164,19 @@ fn filter(p: &ListParams, now: SystemTime) -> Result<Filter, QueryError> {
 }
 
 /// Runs `q` on a blocking thread; its records (JSON texts) as one array.
-async fn read<F>(s: State, q: F) -> Response
+async fn read<F>(s: Shared, q: F) -> Response
 where
     F: FnOnce(&rusqlite::Connection) -> Result<Vec<String>, index::IndexError> + Send + 'static,
 {
-    let db = s.db.clone();
-    let got = tokio::task::spawn_blocking(move || {
-        let c = db
-            .lock()
-            .map_err(|_| "the index's lock was poisoned".to_string())?;
-        q(&c).map_err(|e| e.to_string())
-    })
-    .await;
-    match got {
-        Ok(Ok(records)) => {
+    match app::query(&s, q).await {
+        Ok(records) => {
             let body = format!("[{}]", records.join(","));
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, error_body(&e)).into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            error_body(&e.to_string()),
-        )
-            .into_response(),
+        Err(r) => r,
     }
 }
 
 fn error_body(msg: &str) -> Response {
-    let body = serde_json::json!({ "error": msg }).to_string();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    app::error(StatusCode::OK, msg)
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
+use super::rollup;
 use crate::history::query::{Filter, Status};
 use crate::history::record::{Attempt, Outcome};
 
@@ -88,6 +89,9 @@ pub fn init(c: Connection) -> Result<Connection, IndexError> {
     c.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_PAGES)?;
     c.busy_timeout(Duration::from_secs(10))?;
     c.execute_batch(SCHEMA)?;
+    c.execute_batch(rollup::SCHEMA)?;
+    // An index made before the counts per minute: the last two hours'.
+    rollup::backfill(&c, millis(SystemTime::now()) - 2 * 3_600_000)?;
     Ok(c)
 }
 
@@ -107,6 +111,7 @@ pub fn next_offset(c: &Connection) -> Result<Option<u64>, IndexError> {
 /// A row already there (the same offset and line) is left as it was.
 pub fn ingest(c: &mut Connection, rows: &[Row], next: u64) -> Result<(), IndexError> {
     let tx = c.transaction()?;
+    let mut tally = rollup::Tally::default();
     {
         let mut ins = tx.prepare_cached(
             "INSERT OR IGNORE INTO attempts \
@@ -115,18 +120,24 @@ pub fn ingest(c: &mut Connection, rows: &[Row], next: u64) -> Result<(), IndexEr
         )?;
         for r in rows {
             let a = &r.attempt;
-            ins.execute(params![
+            let (started, outcome) = (started_ms(&a.started_at), outcome_text(a.outcome));
+            let added = ins.execute(params![
                 r.offset as i64,
                 r.line,
                 a.notification_id,
                 a.endpoint,
-                outcome_text(a.outcome),
+                outcome,
                 a.status,
-                started_ms(&a.started_at),
+                started,
                 a.attempt,
                 r.json,
             ])?;
+            // A row read twice is counted once.
+            if added == 1 {
+                tally.add(a, started, outcome);
+            }
         }
+        tally.write(&tx)?;
         tx.execute(
             "INSERT INTO meta (key, value) VALUES ('next_offset', ?1) \
              ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -139,6 +150,7 @@ pub fn ingest(c: &mut Connection, rows: &[Row], next: u64) -> Result<(), IndexEr
 
 /// Removes records that started before `before`; how many went.
 pub fn prune(c: &Connection, before: SystemTime) -> Result<usize, IndexError> {
+    rollup::prune(c, millis(before))?;
     Ok(c.execute(
         "DELETE FROM attempts WHERE started_ms < ?1",
         params![millis(before)],
@@ -211,7 +223,7 @@ pub fn count(c: &Connection) -> Result<u64, IndexError> {
     Ok(c.query_row("SELECT COUNT(*) FROM attempts", [], |r| r.get::<_, i64>(0))? as u64)
 }
 
-fn outcome_text(o: Outcome) -> &'static str {
+pub fn outcome_text(o: Outcome) -> &'static str {
     match o {
         Outcome::Delivered => "delivered",
         Outcome::Retry => "retry",
@@ -227,7 +239,7 @@ pub fn started_ms(rfc3339: &str) -> i64 {
         .unwrap_or(0)
 }
 
-fn millis(t: SystemTime) -> i64 {
+pub fn millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)

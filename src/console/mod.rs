@@ -7,11 +7,18 @@
 //! (`follow`), the database (`index`), the server (`api`) and the CLI's
 //! client (`client`).
 
+mod actions;
 mod api;
+mod app;
+pub mod auth;
 pub mod client;
 mod error;
 mod follow;
 pub mod index;
+mod jobs;
+pub mod live;
+pub mod rollup;
+mod web;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,8 +40,11 @@ pub use follow::MARKER;
 pub struct ConsoleSettings {
     pub listen: SocketAddr,
     pub data: PathBuf,
-    /// Every API request must carry it; required off loopback.
+    /// The operator's token: every request must carry it (or a session
+    /// opened with it); required off loopback.
     pub token: Option<SecretString>,
+    /// A read-only token: sees everything, changes nothing.
+    pub read_token: Option<SecretString>,
     /// The stream's retention, as the workers declare it: the index prunes
     /// to its age.
     pub history: HistorySettings,
@@ -102,8 +112,23 @@ impl Console {
         let ready = Arc::new(AtomicBool::new(false));
         let s = &self.s;
         info!(listen = %self.local_addr(), data = %s.data.display(), "console listening");
-        let state = api::State::new(self.reader.clone(), s.token.clone(), ready.clone());
-        let server = api::serve(self.listener, state, shutdown.clone());
+        let live = live::Live::new(broker.clone());
+        let app = Arc::new(app::App {
+            db: self.reader.clone(),
+            tokens: auth::Tokens {
+                operator: s.token.clone(),
+                viewer: s.read_token.clone(),
+            },
+            sessions: auth::Sessions::default(),
+            ready: ready.clone(),
+            live: live.clone(),
+            jobs: jobs::Jobs::default(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            stop: shutdown.clone(),
+        });
+        let tasks = app.tasks.clone();
+        let server = api::serve(self.listener, app, shutdown.clone());
+        let reading = live.run(shutdown.clone());
         let follow = async {
             let r = follow_loop(broker, s, self.db, &ready, &shutdown).await;
             // A follower that cannot go on stops the server too.
@@ -111,7 +136,10 @@ impl Console {
             r
         };
         let prune = prune_loop(self.reader, s.history.max_age, &shutdown);
-        let (served, followed, ()) = tokio::join!(server, follow, prune);
+        let (served, followed, (), ()) = tokio::join!(server, follow, prune, reading);
+        // Replays still running settle their batch and stop.
+        tasks.close();
+        tasks.wait().await;
         followed.and(served)
     }
 }

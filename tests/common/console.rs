@@ -15,6 +15,8 @@ use super::harness::wait_until_async;
 pub struct TestConsole {
     pub url: String,
     pub token: String,
+    /// The read-only token, for consoles started with one.
+    pub read_token: Option<String>,
     pub data: PathBuf,
     stop: CancellationToken,
     join: Option<tokio::task::JoinHandle<()>>,
@@ -23,15 +25,22 @@ pub struct TestConsole {
 impl TestConsole {
     /// Starts a console for `broker`'s prefix on a fresh data directory.
     pub async fn start(broker: &BrokerSettings) -> TestConsole {
+        Self::start_with(broker, false).await
+    }
+
+    /// Starts a console, with a read-only token too when `viewers`.
+    pub async fn start_with(broker: &BrokerSettings, viewers: bool) -> TestConsole {
         let data = std::env::temp_dir().join(format!(
             "redeliver-console-{}",
             uuid::Uuid::new_v4().simple()
         ));
         let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+        let read_token = viewers.then(|| format!("read-{}", uuid::Uuid::new_v4().simple()));
         let s = ConsoleSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
             data: data.clone(),
             token: Some(token.clone().into()),
+            read_token: read_token.clone().map(Into::into),
             history: HistorySettings::default(),
         };
         let console = Console::bind(s).await.expect("console binds");
@@ -46,6 +55,7 @@ impl TestConsole {
         TestConsole {
             url,
             token,
+            read_token,
             data,
             stop,
             join: Some(join),

@@ -67,8 +67,8 @@ fn byte_size(s: &str) -> Result<u64, String> {
 /// `redeliver console`.
 #[derive(Debug, Args, Clone)]
 pub struct ConsoleArgs {
-    /// Where the console's API (and /readyz) listens. Any address other
-    /// than loopback needs --token.
+    /// Where the console's pages, API and /readyz listen. Any address
+    /// other than loopback needs --token.
     #[arg(
         long,
         env = "REDELIVER_CONSOLE_LISTEN",
@@ -79,9 +79,19 @@ pub struct ConsoleArgs {
     /// one is rebuilt from the stream.
     #[arg(long, env = "REDELIVER_CONSOLE_DATA", value_name = "DIR")]
     pub data: PathBuf,
-    /// The bearer token every API request must carry.
+    /// The operator's token: the web pages' sign-in and the API's bearer
+    /// token. It may change things (pause, resume, replay, purge).
     #[arg(long, env = "REDELIVER_CONSOLE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// A read-only token, for viewers: they see every page and call every
+    /// GET, and change nothing (403). Needs --token.
+    #[arg(
+        long,
+        env = "REDELIVER_CONSOLE_READ_TOKEN",
+        hide_env_values = true,
+        requires = "token"
+    )]
+    pub read_token: Option<String>,
     /// The stream's retention, as the workers declare it (the console
     /// declares the stream too, and prunes its index to this age).
     #[arg(long, env = "REDELIVER_HISTORY_MAX_AGE", default_value = "7d", value_parser = duration)]
