@@ -57,7 +57,8 @@ pub async fn change(app: Shared, what: &str, b: Bytes) -> Response {
         Ok(op) => op,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    match endpoints::change(app.live.broker(), &target, op).await {
+    let who = format!("console {}", crate::telemetry::hostname());
+    match endpoints::change_by(app.live.broker(), &target, op, &who).await {
         Ok(done) => {
             app.live.changed();
             let now = crate::clock::now_ms().max(0) as u64;

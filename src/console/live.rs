@@ -102,7 +102,8 @@ pub struct Live {
     dead: ArcSwapOption<DeadList>,
     viewed_ms: AtomicU64,
     dead_viewed_ms: AtomicU64,
-    wake: Notify,
+    wake_pulse: Notify,
+    wake_dead: Notify,
     /// Held by every walk, replay and purge of the dead letters: one at a
     /// time, so none of them sees the others' messages as missing.
     pub dlq: tokio::sync::Mutex<()>,
@@ -116,7 +117,8 @@ impl Live {
             dead: ArcSwapOption::empty(),
             viewed_ms: AtomicU64::new(0),
             dead_viewed_ms: AtomicU64::new(0),
-            wake: Notify::new(),
+            wake_pulse: Notify::new(),
+            wake_dead: Notify::new(),
             dlq: tokio::sync::Mutex::new(()),
         })
     }
@@ -128,13 +130,15 @@ impl Live {
     /// The latest pulse; the first one is waited for (at most 10 s).
     pub async fn pulse(&self) -> Arc<Pulse> {
         let fresh = |p: &Pulse| !stale(p.at_ms, PULSE_FRESH);
-        self.latest(&self.pulse, &self.viewed_ms, fresh).await
+        self.latest(&self.pulse, &self.viewed_ms, &self.wake_pulse, fresh)
+            .await
     }
 
     /// The latest walk of the dead letters; the first one is waited for.
     pub async fn dead(&self) -> Arc<DeadList> {
         let fresh = |d: &DeadList| !stale(d.at_ms, DEAD_FRESH);
-        self.latest(&self.dead, &self.dead_viewed_ms, fresh).await
+        self.latest(&self.dead, &self.dead_viewed_ms, &self.wake_dead, fresh)
+            .await
     }
 
     /// What `slot` holds, noting the view and waking the reader when it
@@ -143,12 +147,13 @@ impl Live {
         &self,
         slot: &ArcSwapOption<T>,
         viewed: &AtomicU64,
+        wake: &Notify,
         fresh: impl Fn(&T) -> bool,
     ) -> Arc<T> {
         viewed.store(now_ms(), Ordering::Relaxed);
         let v = slot.load_full();
         if !v.as_deref().is_some_and(&fresh) {
-            self.wake.notify_one();
+            wake.notify_one();
         }
         let v = match v {
             Some(v) => Some(v),
@@ -165,36 +170,62 @@ impl Live {
     pub fn changed(&self) {
         self.pulse.store(None);
         self.dead.store(None);
-        self.wake.notify_one();
+        self.wake_pulse.notify_one();
+        self.wake_dead.notify_one();
     }
 
-    /// Reads what was asked for, until `stop`.
+    /// Reads what was asked for, until `stop`: the pulse and the dead
+    /// letters each in a loop of its own, so a long walk of the dead
+    /// letters never holds up the pulse.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(PULSE_FRESH) => {}
-            }
-            let viewed = |at: &AtomicU64| !stale(at.load(Ordering::Relaxed), VIEWED_WITHIN);
-            let pulse = self.pulse.load();
-            if viewed(&self.viewed_ms) && pulse.as_ref().is_none_or(|p| stale(p.at_ms, PULSE_FRESH))
-            {
-                self.pulse
-                    .store(Some(Arc::new(read_pulse(&self.broker).await)));
-            }
-            let dead = self.dead.load();
-            if viewed(&self.dead_viewed_ms)
-                && dead.as_ref().is_none_or(|d| stale(d.at_ms, DEAD_FRESH))
-            {
-                // A replay or purge holds the queue: the list waits for it.
-                if let Ok(_held) = self.dlq.try_lock() {
-                    let list = read_dead(&self.broker, &Filter::default()).await;
-                    self.dead.store(Some(Arc::new(list)));
-                }
+        tokio::join!(self.pulse_loop(&stop), self.dead_loop(&stop));
+    }
+
+    async fn pulse_loop(&self, stop: &CancellationToken) {
+        while wait(&self.wake_pulse, stop).await {
+            let due = self
+                .pulse
+                .load()
+                .as_ref()
+                .is_none_or(|p| stale(p.at_ms, PULSE_FRESH));
+            if due && viewed(&self.viewed_ms) {
+                let p = read_pulse(&self.broker).await;
+                self.pulse.store(Some(Arc::new(p)));
             }
         }
     }
+
+    async fn dead_loop(&self, stop: &CancellationToken) {
+        while wait(&self.wake_dead, stop).await {
+            let due = self
+                .dead
+                .load()
+                .as_ref()
+                .is_none_or(|d| stale(d.at_ms, DEAD_FRESH));
+            if !due || !viewed(&self.dead_viewed_ms) {
+                continue;
+            }
+            // A replay or purge holds the queue: the list waits for it.
+            if let Ok(_held) = self.dlq.try_lock() {
+                let list = read_dead(&self.broker, &Filter::default()).await;
+                self.dead.store(Some(Arc::new(list)));
+            }
+        }
+    }
+}
+
+/// Until woken or a pulse's time has passed; `false` once stopped.
+async fn wait(wake: &Notify, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = wake.notified() => true,
+        _ = tokio::time::sleep(PULSE_FRESH) => true,
+    }
+}
+
+/// A page was viewed lately.
+fn viewed(at: &AtomicU64) -> bool {
+    !stale(at.load(Ordering::Relaxed), VIEWED_WITHIN)
 }
 
 /// A read that can say why it is incomplete.

@@ -119,8 +119,10 @@ pub enum Command {
     /// Check a config file, or print the effective settings of `run`.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Follow the history stream into an index, and answer the history
-    /// API (`redeliver history`) over HTTP.
+    /// The web console and the history API: follows the history stream
+    /// into an index, and serves pages (overview, endpoints with pause and
+    /// resume, a notification's attempts, dead letters to replay or purge)
+    /// and the JSON API that `redeliver history` and scripts use.
     Console(ConsoleArgs),
     /// What happened to a notification: its attempts, from a console.
     #[command(subcommand)]

@@ -129,13 +129,23 @@ pub async fn change(
     target: &Target,
     op: Op,
 ) -> Result<Changed, EndpointError> {
+    change_by(broker, target, op, &by()).await
+}
+
+/// [`change`], recorded as made by `who` (the console names itself).
+pub async fn change_by(
+    broker: &BrokerSettings,
+    target: &Target,
+    op: Op,
+    who: &str,
+) -> Result<Changed, EndpointError> {
     let (conn, t) = connect(broker).await?;
     stream::declare(&conn, &t.endpoint_state).await?;
     let (mut book, writer, mut reader) = read(&conn, &t).await?;
     let now = now_ms();
     check(&book, target, &op, now)?;
     let snapshot_due = book.snapshot_due(now, 0);
-    let record = Record::new(now, &by(), change_of(target, op));
+    let record = Record::new(now, who, change_of(target, op));
     writer.append(&record).await?;
     stream::read_through(&mut reader, &mut book, &record.id, READ_WITHIN).await?;
     // Another change landed first and made this one a no-op.
