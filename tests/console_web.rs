@@ -178,6 +178,16 @@ async fn credentials_origins_and_roles_are_enforced() {
     assert_eq!(r.status(), 200);
     assert_eq!(show(&app, TARGET).unwrap()["state"], "paused", "unchanged");
 
+    // Another site cannot sign the operator out either.
+    let out = client()
+        .post(format!("{}/logout", c.url))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 403);
+
     // The operator's bearer token needs no Origin.
     let (status, v) = post(&c, "/api/endpoints/resume", &resume, Auth::Bearer(&c.token)).await;
     assert_eq!((status, v["state"].as_str()), (200, Some("active")), "{v}");

@@ -26,6 +26,8 @@ use crate::topology::Topology;
 
 /// How long one replayed dead letter's republish may wait for its confirm.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest pause with a duration (longer: pause until resumed).
+const MAX_PAUSE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Republishes in flight per batch (as `dlq replay`'s default).
 const REPLAY_BATCH: usize = 100;
 
@@ -81,6 +83,9 @@ fn op(what: &str, c: &Change) -> Result<EndpointOp, String> {
         Some(f) => {
             let d = humantime::parse_duration(f)
                 .map_err(|e| format!("for: {f:?} is not a duration such as 30m or 2h: {e}"))?;
+            if d > MAX_PAUSE {
+                return Err(format!("for: {f:?} is longer than a year; pause without a duration instead (until resumed)"));
+            }
             Some(crate::clock::now_ms().max(0) as u64 + d.as_millis() as u64)
         }
     };
@@ -171,6 +176,9 @@ pub async fn start_replay(State(app): State<Shared>, b: Bytes) -> Response {
         Ok(s) => s,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
+    if let Some(busy) = running(&app) {
+        return busy;
+    }
     let rate = match sel.rate.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
         None => None,
         Some(r) => match r.parse::<Rate>() {
@@ -184,6 +192,17 @@ pub async fn start_replay(State(app): State<Shared>, b: Bytes) -> Response {
     app.tasks
         .spawn(async move { run_replay(task, job, filter, rate).await });
     (StatusCode::ACCEPTED, Json(serde_json::json!({ "job": id }))).into_response()
+}
+
+/// A 409 while a replay runs: one walk of the dead letters at a time,
+/// and none waits behind a replay that may take hours.
+fn running(app: &Shared) -> Option<Response> {
+    let job = app.jobs.list().into_iter().find(|j| j.state == "running")?;
+    let msg = format!(
+        "replay {} is still running (GET /api/dead-letters/replays); wait for it to end",
+        job.id
+    );
+    Some(error(StatusCode::CONFLICT, &msg))
 }
 
 /// One replay, the only walk of the dead letters while it runs.
@@ -210,7 +229,7 @@ async fn run_replay(app: Shared, job: String, f: Filter, rate: Option<Rate>) {
     .await;
     match result {
         Ok(s) => app.jobs.finish(&job, s.done, stop.is_cancelled(), None),
-        Err(e) => app.jobs.finish(&job, 0, false, Some(format!("{e:#}"))),
+        Err(e) => app.jobs.fail(&job, format!("{e:#}")),
     }
     drop(_held);
     app.live.changed();
@@ -227,6 +246,9 @@ pub async fn purge(State(app): State<Shared>, b: Bytes) -> Response {
         Ok(s) => s,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
+    if let Some(busy) = running(&app) {
+        return busy;
+    }
     let held = app.live.dlq.lock().await;
     let broker = app.live.broker();
     let purged = async {

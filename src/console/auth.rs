@@ -92,7 +92,11 @@ pub fn decide(tokens: &Tokens, ask: &Ask<'_>, access: Access) -> Verdict {
             None => return Verdict::Unauthorized,
         }
     } else {
-        let Some(role) = ask.session.or(tokens.open().then_some(Role::Operator)) else {
+        // An open console answers only requests sent to a loopback name:
+        // a web page cannot reach it through a name of its own that it
+        // points at 127.0.0.1 (DNS rebinding).
+        let open = tokens.open() && loopback_host(ask.host);
+        let Some(role) = ask.session.or(open.then_some(Role::Operator)) else {
             return Verdict::Unauthorized;
         };
         // A browser's change must come from the console's own pages; a
@@ -109,6 +113,21 @@ pub fn decide(tokens: &Tokens, ask: &Ask<'_>, access: Access) -> Verdict {
     }
 }
 
+/// `Host` is `localhost`, `127.0.0.1` or `[::1]`, with any port.
+pub fn loopback_host(host: Option<&str>) -> bool {
+    let Some(h) = host else {
+        return false;
+    };
+    let name = match h.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => h.rsplit_once(':').map_or(h, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `Origin: http://HOST` names the host the request was sent to.
 pub fn own_origin(origin: Option<&str>, host: Option<&str>) -> bool {
     match (origin, host) {
@@ -119,10 +138,19 @@ pub fn own_origin(origin: Option<&str>, host: Option<&str>) -> bool {
     }
 }
 
-/// Equal bytes, in time that depends on the lengths only.
+/// Equal bytes, compared as SHA-256 digests in constant time: neither
+/// the contents nor the length of a token leak through timing.
 pub fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use sha2::{Digest, Sha256};
+    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
+    x.iter()
+        .zip(y.iter())
+        .fold(0u8, |acc, (p, q)| acc | (p ^ q))
+        == 0
 }
+
+/// Sessions kept at most; the oldest go first past it.
+const MAX_SESSIONS: usize = 10_000;
 
 /// The live sessions, by the random id their cookie holds.
 #[derive(Default)]
@@ -136,6 +164,16 @@ impl Sessions {
         let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id);
         if let Ok(mut m) = self.0.lock() {
             m.retain(|_, (_, at)| now.duration_since(*at) < SESSION_TTL);
+            while m.len() >= MAX_SESSIONS {
+                let oldest = m
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| k.clone());
+                match oldest {
+                    Some(k) => drop(m.remove(&k)),
+                    None => break,
+                }
+            }
             m.insert(id.clone(), (role, now));
         }
         id

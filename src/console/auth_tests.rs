@@ -92,10 +92,32 @@ fn a_session_changes_only_from_its_own_origin() {
 #[test]
 fn an_open_console_takes_scripts_and_its_own_pages_but_not_other_sites() {
     let open = Tokens::default();
+    let local = Ask {
+        host: Some("127.0.0.1:8080"),
+        ..Ask::default()
+    };
     assert_eq!(
-        decide(&open, &Ask::default(), Access::Change),
+        decide(&open, &local, Access::Change),
         Verdict::Allow(Role::Operator)
     );
+    // A rebound name: its Origin matches its Host, but neither is loopback.
+    let rebound = Ask {
+        origin: Some("http://evil.example:8080"),
+        host: Some("evil.example:8080"),
+        ..Ask::default()
+    };
+    assert_eq!(decide(&open, &rebound, Access::Read), Verdict::Unauthorized);
+    for h in ["localhost:8080", "[::1]:8080", "127.0.0.1", "LOCALHOST"] {
+        assert!(loopback_host(Some(h)), "{h}");
+    }
+    for h in [
+        "evil.example",
+        "10.0.0.1:8080",
+        "localhost.evil.example:80",
+        "",
+    ] {
+        assert!(!loopback_host(Some(h)), "{h}");
+    }
     let other = Ask {
         origin: Some("http://evil.example"),
         host: Some("127.0.0.1:8080"),

@@ -86,6 +86,15 @@ impl Jobs {
         });
     }
 
+    /// Ends a replay that failed, keeping the count it reached (those
+    /// were confirmed and removed).
+    pub fn fail(&self, id: &str, error: String) {
+        self.with(id, |j| {
+            j.state = "failed";
+            j.error = Some(error);
+        });
+    }
+
     /// Newest first.
     pub fn list(&self) -> Vec<Job> {
         self.0

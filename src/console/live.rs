@@ -64,22 +64,21 @@ pub struct Dead {
 
 impl Dead {
     fn of(d: &DeadLetter) -> Dead {
-        let mut d = d.clone();
-        d.redact();
-        let endpoint = d
-            .url
-            .as_deref()
-            .and_then(|u| url::Url::parse(u).ok())
-            .and_then(|u| Target::origin_of(&u))
+        // As the history shows a URL: no user, no password, and each
+        // query value replaced (viewers see this list too).
+        let parsed = d.url.as_deref().and_then(|u| url::Url::parse(u).ok());
+        let endpoint = parsed
+            .as_ref()
+            .and_then(Target::origin_of)
             .map(|t| t.to_string());
         Dead {
-            id: d.id,
-            url: d.url,
+            id: d.id.clone(),
+            url: parsed.as_ref().map(crate::history::record::url_for_record),
             endpoint,
-            reason: d.meta.reason,
+            reason: d.meta.reason.clone(),
             attempts: d.meta.attempts,
             last_status: d.meta.last_status,
-            last_error: d.meta.last_error,
+            last_error: d.meta.last_error.clone(),
             dead_at_ms: d.meta.dead_at,
         }
     }

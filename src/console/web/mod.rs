@@ -137,10 +137,13 @@ async fn endpoint(
     Path(origin): Path<String>,
 ) -> Response {
     let Ok(target) = Target::parse(&origin) else {
-        return html(layout::not_found(
-            &format!("{origin:?} is not an endpoint (an origin such as https://shop.example)"),
-            Some(role),
-        ));
+        let what =
+            format!("{origin:?} is not an endpoint (an origin such as https://shop.example)");
+        return (
+            StatusCode::NOT_FOUND,
+            html(layout::not_found(&what, Some(role))),
+        )
+            .into_response();
     };
     let name = target.to_string();
     let pulse = app.live.pulse().await;
@@ -197,10 +200,9 @@ async fn notification(
         )
             .into_response();
     }
-    html(pages::notification(
-        &views::Notification::build(&id, &parsed(&records)),
-        role,
-    ))
+    let n = views::Notification::build(&id, &parsed(&records));
+    let running = app.jobs.list().iter().any(|j| j.state == "running");
+    html(pages::notification(&n, running, role))
 }
 
 async fn dead_letters(
@@ -281,6 +283,13 @@ async fn login(State(app): State<Shared>, h: HeaderMap, Form(f): Form<SignIn>) -
 }
 
 async fn logout(State(app): State<Shared>, h: HeaderMap) -> Response {
+    let text = |n| h.get(n).and_then(|v: &HeaderValue| v.to_str().ok());
+    if !auth::own_origin(text(header::ORIGIN), text(header::HOST)) {
+        return app::error(
+            StatusCode::FORBIDDEN,
+            "sign out from the console's own page",
+        );
+    }
     if let Some(id) = h
         .get(header::COOKIE)
         .and_then(|v| v.to_str().ok())

@@ -134,7 +134,8 @@ fn outcome(a: &Attempt) -> &'static str {
 }
 
 /// `/notifications/{id}`: every attempt in order.
-pub fn notification(n: &Notification, role: Role) -> Markup {
+/// `running`: a replay is under way, whose progress the page follows.
+pub fn notification(n: &Notification, running: bool, role: Role) -> Markup {
     let body = html! {
         h1 { "Notification " code #notification-id { (n.id) } }
         p { "Target " code { (n.url) } }
@@ -144,7 +145,7 @@ pub fn notification(n: &Notification, role: Role) -> Markup {
                 button type="submit" { "Replay" }
                 span.msg data-msg {}
             }
-            div #replays {}
+            div #replays data-running=(running) {}
         }
         table #attempts {
             thead { tr { th.num { "Attempt" } th { "Started" } th { "Outcome" } th.num { "Status" } th.num { "Duration" } th { "Error" } th { "Response body" } th { "Next retry" } th { "Trace id" } } }

@@ -9,6 +9,7 @@ use crate::console::rollup::EndpointStats;
 use crate::control::book::Mode;
 use crate::control::view::Row;
 use crate::history::record::{Attempt, Outcome};
+use crate::message::target::Target;
 use crate::ops::endpoints::render::{ago, when};
 
 /// Minutes the overview's chart covers.
@@ -304,7 +305,9 @@ pub struct DeadLetters {
     pub error: Option<String>,
 }
 
-/// The dead letters of `list` that match `f`; a bad `since` is an error.
+/// The dead letters of `list` that match `f`, as a replay or purge of
+/// the same filter takes them (`dead_letter::Filter`): an endpoint is an
+/// origin or URL prefix. A bad filter is an error.
 pub fn select<'a>(
     list: &'a DeadList,
     f: &DeadFilter,
@@ -312,15 +315,24 @@ pub fn select<'a>(
 ) -> Result<Vec<&'a Dead>, String> {
     let since = match f.since.trim() {
         "" => None,
-        s => Some(
-            humantime::parse_duration(s)
-                .map(|d| now_ms as i64 - d.as_millis() as i64)
-                .map_err(|e| format!("since: {s:?} is not a duration such as 1h: {e}"))?,
-        ),
+        s => {
+            let d = humantime::parse_duration(s)
+                .map_err(|e| format!("since: {s:?} is not a duration such as 1h: {e}"))?;
+            let back = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+            Some((now_ms as i64).saturating_sub(back))
+        }
+    };
+    let target = match f.endpoint.trim() {
+        "" => None,
+        e => Some(Target::parse(e).map_err(|err| format!("endpoint: {err}"))?),
     };
     let keep = |d: &&Dead| {
-        (f.endpoint.is_empty() || d.endpoint.as_deref() == Some(f.endpoint.as_str()))
-            && (f.reason.is_empty() || d.reason.as_deref() == Some(f.reason.as_str()))
+        target.as_ref().is_none_or(|t| {
+            d.url
+                .as_deref()
+                .and_then(|u| url::Url::parse(u).ok())
+                .is_some_and(|u| t.matches(&u))
+        }) && (f.reason.is_empty() || d.reason.as_deref() == Some(f.reason.as_str()))
             && since.is_none_or(|s| d.dead_at_ms.is_some_and(|at| at >= s))
     };
     Ok(list.rows.iter().filter(keep).collect())

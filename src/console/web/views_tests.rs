@@ -104,6 +104,21 @@ fn dead_letters_filter_by_endpoint_reason_and_age() {
         .map(|d| d.id)
         .collect();
     assert_eq!(ids, ["a"]);
+    let by_origin = DeadFilter {
+        endpoint: "http://x".into(),
+        ..DeadFilter::default()
+    };
+    let ids: Vec<_> = select(&list, &by_origin, now)
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(ids, ["a", "c"], "an origin as a replay or purge takes it");
+    let huge = DeadFilter {
+        since: "300000000y".into(),
+        ..DeadFilter::default()
+    };
+    assert_eq!(select(&list, &huge, now).unwrap().len(), 3, "no overflow");
     let bad = DeadFilter {
         since: "soon".into(),
         ..DeadFilter::default()

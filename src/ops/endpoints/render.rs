@@ -210,7 +210,9 @@ pub fn when(now: u64, at: Option<u64>) -> String {
     let Some(at) = at else {
         return "-".into();
     };
-    let t = UNIX_EPOCH + Duration::from_millis(at);
+    // humantime formats years up to 9999 only (and panics past them).
+    const YEAR_9999_MS: u64 = 253_402_300_799_000;
+    let t = UNIX_EPOCH + Duration::from_millis(at.min(YEAR_9999_MS));
     let stamp = humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH));
     if at > now {
         let left = Duration::from_secs((at - now) / 1_000);
