@@ -65,7 +65,7 @@ async fn an_operator_signs_in_searches_pauses_and_replays_by_clicking() {
     pause_and_resume(&b, &app, &origin(&rx)).await;
     replay_and_purge(&b, &app, &rx).await;
     b.click("header form[action='/logout'] button").await;
-    assert_eq!(b.path().await, "/login", "signed out");
+    assert_eq!(b.wait_path("/login").await, "/login", "signed out");
     b.goto("/endpoints").await;
     assert_eq!(b.path().await, "/login", "a page needs a session again");
     b.close().await;
@@ -84,7 +84,7 @@ async fn sign_in(b: &Browser, token: &str) {
         .contains("not one this console takes"));
     b.fill("#token", token).await;
     b.click("form.login button").await;
-    assert_eq!(b.path().await, "/");
+    assert_eq!(b.wait_path("/").await, "/");
     assert!(b.wait_for("#chart", Duration::from_secs(5)).await);
     let cookie = b.eval("return document.cookie").await;
     assert_eq!(cookie, json!(""), "the session cookie is HttpOnly");
@@ -97,7 +97,10 @@ async fn sign_in(b: &Browser, token: &str) {
 async fn search_shows_attempts_as_text(b: &Browser) {
     b.fill("input[name=q]", "ok-1").await;
     b.click("header form[role=search] button").await;
-    assert_eq!(b.path().await, "/notifications/ok%2D1");
+    assert_eq!(
+        b.wait_path("/notifications/ok%2D1").await,
+        "/notifications/ok%2D1"
+    );
     assert_eq!(b.text("#notification-id").await, "ok-1");
     assert_eq!(b.texts("tr.attempt td.status").await, ["200"]);
     assert_eq!(

@@ -82,6 +82,18 @@ impl Browser {
         }
     }
 
+    /// Waits (up to 10 s) for a navigation to reach `want`; the path then.
+    pub async fn wait_path(&self, want: &str) -> String {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.path().await;
+            if now == want || std::time::Instant::now() > end {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn text(&self, css: &str) -> String {
         self.c
             .find(Locator::Css(css))
