@@ -136,7 +136,7 @@ struct ListParams {
 async fn attempts(State(s): State<Shared>, Query(p): Query<ListParams>) -> Response {
     match filter(&p, SystemTime::now()) {
         Ok(f) => read(s, move |c| index::list(c, &f)).await,
-        Err(e) => (StatusCode::BAD_REQUEST, error_body(&e.to_string())).into_response(),
+        Err(e) => app::error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 
@@ -175,8 +175,4 @@ where
         }
         Err(r) => r,
     }
-}
-
-fn error_body(msg: &str) -> Response {
-    app::error(StatusCode::OK, msg)
 }

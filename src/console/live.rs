@@ -103,6 +103,8 @@ pub struct Live {
     dead_viewed_ms: AtomicU64,
     wake_pulse: Notify,
     wake_dead: Notify,
+    /// Told after every read stored, for pages waiting on the first.
+    filled: Notify,
     /// Held by every walk, replay and purge of the dead letters: one at a
     /// time, so none of them sees the others' messages as missing.
     pub dlq: tokio::sync::Mutex<()>,
@@ -118,6 +120,7 @@ impl Live {
             dead_viewed_ms: AtomicU64::new(0),
             wake_pulse: Notify::new(),
             wake_dead: Notify::new(),
+            filled: Notify::new(),
             dlq: tokio::sync::Mutex::new(()),
         })
     }
@@ -156,7 +159,7 @@ impl Live {
         }
         let v = match v {
             Some(v) => Some(v),
-            None => wait_for(slot).await,
+            None => wait_for(slot, &self.filled).await,
         };
         v.unwrap_or_else(|| {
             let mut t = T::default();
@@ -190,6 +193,7 @@ impl Live {
             if due && viewed(&self.viewed_ms) {
                 let p = read_pulse(&self.broker).await;
                 self.pulse.store(Some(Arc::new(p)));
+                self.filled.notify_waiters();
             }
         }
     }
@@ -208,6 +212,7 @@ impl Live {
             if let Ok(_held) = self.dlq.try_lock() {
                 let list = read_dead(&self.broker, &Filter::default()).await;
                 self.dead.store(Some(Arc::new(list)));
+                self.filled.notify_waiters();
             }
         }
     }
@@ -248,15 +253,23 @@ impl HasError for DeadList {
 const STILL_READING: &str =
     "still reading the broker (a long dead-letter queue takes a while); reload in a moment";
 
-/// The first value of `slot`, waited for up to 10 s.
-async fn wait_for<T>(slot: &ArcSwapOption<T>) -> Option<Arc<T>> {
-    for _ in 0..200 {
+/// The first value of `slot`, waited for up to 10 s: woken by `filled`,
+/// which is armed before each look so a store between them is not missed.
+async fn wait_for<T>(slot: &ArcSwapOption<T>, filled: &Notify) -> Option<Arc<T>> {
+    let deadline = tokio::time::sleep(Duration::from_secs(10));
+    tokio::pin!(deadline);
+    loop {
+        let told = filled.notified();
+        tokio::pin!(told);
+        told.as_mut().enable();
         if let Some(v) = slot.load_full() {
             return Some(v);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::select! {
+            _ = &mut told => {}
+            _ = &mut deadline => return None,
+        }
     }
-    None
 }
 
 fn stale(at_ms: u64, fresh: Duration) -> bool {
