@@ -32,7 +32,15 @@ pub struct DelayedRoute {
 /// The delay seam as the publisher sees it: given a delay, set its headers
 /// and say where the copy goes. `crate::delay::DelayBackend` implements it.
 pub trait DelayRouter: Send + Sync + 'static {
-    fn route(&self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute;
+    /// `key`: the copy's bucket key ([`crate::topology::lanes`]), which
+    /// brings it back to its lane when due.
+    fn route(
+        &self,
+        t: &Topology,
+        delay_ms: u32,
+        key: &str,
+        headers: &mut FieldTable,
+    ) -> DelayedRoute;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,36 +134,43 @@ impl Publisher {
         match delay {
             None => {
                 props = props.with_headers(headers);
-                self.confirmed(&self.topology.intake, "", true, &n.payload, props)
+                // The bucket key picks the lane (`topology::lanes`).
+                self.confirmed(&self.topology.intake, &n.key, true, &n.payload, props)
                     .await
             }
-            Some(d) => self.delayed(&n.payload, props, &mut headers, d).await,
+            Some(d) => {
+                self.delayed(&n.payload, props, &n.key, &mut headers, d)
+                    .await
+            }
         }
     }
 
-    /// Republishes a failed delivery to wait `delay` before its next attempt.
-    /// The copy gets the original's properties (see [`republish_properties`]).
+    /// Republishes a failed delivery to wait `delay` before its next attempt,
+    /// then come back to the lane of bucket key `key`. The copy gets the
+    /// original's properties (see [`republish_properties`]).
     pub async fn retry(
         &self,
         payload: &[u8],
         props: BasicProperties,
+        key: &str,
         mut headers: FieldTable,
         delay: Duration,
     ) -> Result<(), PublishError> {
-        self.delayed(payload, props, &mut headers, delay).await
+        self.delayed(payload, props, key, &mut headers, delay).await
     }
 
     async fn delayed(
         &self,
         payload: &[u8],
         props: BasicProperties,
+        key: &str,
         headers: &mut FieldTable,
         delay: Duration,
     ) -> Result<(), PublishError> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
         // Stripped before the route adds this delay's own headers.
         strip_transit_headers(headers);
-        let route = self.delay.route(&self.topology, ms, headers);
+        let route = self.delay.route(&self.topology, ms, key, headers);
         let props = copy_properties(&props, std::mem::take(headers));
         self.confirmed(
             &route.exchange,
@@ -199,15 +214,19 @@ impl Publisher {
         self.bounded(round_trip).await.and_then(confirmation)
     }
 
-    /// Publishes to the work queue and hands back the confirm, for a caller
-    /// that keeps several in flight (a paced replay's batch) and waits for
-    /// them with [`Publisher::settle`], in order.
+    /// Publishes to the notification's lane (the lanes exchange, not the
+    /// intake: no other queue bound to the intake gets it) and hands back
+    /// the confirm, for a caller that keeps several in flight (a paced
+    /// replay's batch) and waits for them with [`Publisher::settle`], in
+    /// order.
     pub async fn start_to_work_queue(
         &self,
         payload: &[u8],
         props: BasicProperties,
     ) -> Result<lapin::PublisherConfirm, PublishError> {
-        let publish = self.publish("", &self.topology.work, true, payload, props);
+        let key = crate::topology::lanes::key_of_payload(payload);
+        let exchange = &self.topology.lanes_exchange;
+        let publish = self.publish(exchange, &key, true, payload, props);
         self.bounded(publish).await
     }
 
@@ -353,6 +372,8 @@ pub struct Prepared {
     pub trace: Option<TraceContext>,
     /// This publish's run (`redeliver-run`), drawn once: sent again, it is the same run.
     pub run: String,
+    /// Its bucket key, which picks its lane ([`crate::topology::lanes`]).
+    pub key: String,
 }
 
 /// Validates one JSON notification and assigns an id when it has none.
@@ -380,6 +401,7 @@ pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage>
         payload,
         trace: None,
         run: message::run::new_run(),
+        key: crate::topology::lanes::key_for_url(&n.url),
     })
 }
 

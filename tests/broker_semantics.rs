@@ -32,13 +32,13 @@ const RETURNS: u32 = 25;
 /// Takes the one message on the work queue and returns it with
 /// `basic.reject` (requeue) `RETURNS` times, as a consumer that crashes on
 /// it would; returns the broker-count headers of the last delivery.
-async fn return_work_message(app: &TestApp) -> FieldTable {
+async fn return_work_message(app: &TestApp, url: &str) -> FieldTable {
     let conn = common::connect(&app.url).await;
     let ch = conn.create_channel().await.expect("channel");
     ch.basic_qos(1, BasicQosOptions::default())
         .await
         .expect("qos");
-    let queue = app.name("work");
+    let queue = app.name(&app.lane_for(url));
     let opts = BasicConsumeOptions::default();
     let consume = ch.basic_consume(
         queue.as_str().into(),
@@ -71,7 +71,7 @@ async fn a_work_message_returned_25_times_is_still_delivered_as_attempt_1() {
     let rx = Receiver::start(|_| Reply::status(200)).await;
     app.publish(&[json!({"url": rx.url("/"), "id": "returned"})])
         .await;
-    let counts = return_work_message(&app).await;
+    let counts = return_work_message(&app, &rx.url("/")).await;
     let count = counts.inner().get("x-delivery-count");
     println!("the last return carried x-delivery-count {count:?}");
     assert!(count.is_some(), "a quorum queue counts returns: {counts:?}");
@@ -106,7 +106,7 @@ async fn broker_count_headers_never_reach_a_dead_letter_as_the_producers() {
     let id = "counted";
     app.publish(&[json!({"url": rx.url("/"), "id": id, "headers": {"x-custom": "kept"}})])
         .await;
-    return_work_message(&app).await;
+    return_work_message(&app, &rx.url("/")).await;
     let w = app.spawn_worker(schedule_settings("1s", 3, 4));
     let dead = wait_until_async(Duration::from_secs(20), async || {
         app.queue_len("dead").await == 1

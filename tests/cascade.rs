@@ -55,16 +55,22 @@ async fn collect_work(b: &BrokerSettings, n: usize, within: Duration) -> BTreeMa
     let conn = b.url.connect("cascade consumer").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.basic_qos(500, Default::default()).await.unwrap();
-    let queue = format!("{}.work", b.prefix);
-    let mut c = ch
-        .basic_consume(
-            queue.as_str().into(),
-            "".into(),
-            Default::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    // Every lane, on one channel: the delays' copies come back to theirs.
+    let t = redeliver::topology::Topology::new(&b.prefix);
+    let mut streams = Vec::new();
+    for lane in t.lane_names() {
+        let c = ch
+            .basic_consume(
+                lane.as_str().into(),
+                "".into(),
+                Default::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        streams.push(c);
+    }
+    let mut c = futures_util::stream::select_all(streams);
     let mut seen = BTreeMap::new();
     let deadline = Instant::now() + within;
     while seen.len() < n {

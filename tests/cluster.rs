@@ -80,7 +80,11 @@ fn status(app: &TestApp, via: usize) -> Value {
 /// through node `via`.
 fn leader(app: &TestApp, queue: &str, via: usize) -> Option<usize> {
     let s = status(app, via);
-    cluster::node_number(s[queue]["placement"]["leader"].as_str()?)
+    let q = match queue {
+        "work" => &s["lanes"]["lanes"][0],
+        _ => &s[queue],
+    };
+    cluster::node_number(q["placement"]["leader"].as_str()?)
 }
 
 /// /ok answers 200; /flaky 500 twice, then 200; /gone 410; /down 503.
@@ -167,14 +171,16 @@ async fn three_workers_deliver_retry_and_dead_letter(backend: DelayBackend) {
 /// queues with a member on every node.
 fn replicated_everywhere(app: &TestApp, backend: DelayBackend) {
     let s = status(app, 1);
-    let mut queues = vec!["work", "dead"];
+    let mut placements = vec![&s["dead"]["placement"]];
     if backend == DelayBackend::Cascade {
-        queues.push("hold");
+        placements.push(&s["hold"]["placement"]);
     }
-    for q in queues {
-        let p = &s[q]["placement"];
-        assert_eq!(p["kind"], "quorum", "{q}: {p}");
-        assert_eq!(p["members"].as_array().map(Vec::len), Some(3), "{q}: {p}");
+    let lanes = s["lanes"]["lanes"].as_array().expect("lanes");
+    assert_eq!(lanes.len(), usize::from(redeliver::config::DEFAULT_LANES));
+    placements.extend(lanes.iter().map(|l| &l["placement"]));
+    for p in placements {
+        assert_eq!(p["kind"], "quorum", "{p}");
+        assert_eq!(p["members"].as_array().map(Vec::len), Some(3), "{p}");
     }
     assert_eq!(s["cluster"].as_array().map(Vec::len), Some(3), "{s}");
     assert!(

@@ -182,7 +182,7 @@ async fn status_counts_match_the_broker() {
     ch.basic_qos(1, Default::default()).await.unwrap();
     let _consumer = ch
         .basic_consume(
-            app.name("work").as_str().into(),
+            app.name("work.0").as_str().into(),
             "".into(),
             Default::default(),
             FieldTable::default(),
@@ -192,7 +192,7 @@ async fn status_counts_match_the_broker() {
     // The broker's own view (rabbitmqctl); its statistics lag by up to the
     // collection interval, so poll until it shows the state we built.
     let mut broker = vec![];
-    let queues = [app.name("work"), app.name("dead")];
+    let queues = [app.name("work.0"), app.name("dead")];
     poll_every(
         Duration::from_millis(500),
         Duration::from_secs(60),
@@ -227,7 +227,10 @@ async fn status_counts_match_the_broker() {
     .await;
     assert_eq!(s["work"]["ready"], 2);
     assert_eq!(s["work"]["unacked"], 1);
-    assert_eq!(s["work"]["consumers"], 1);
+    // Our consumer is on lane 0 alone: the lanes' sum counts the
+    // consumers of every lane, so none.
+    assert_eq!(s["lanes"]["lanes"][0]["consumers"], 1);
+    assert_eq!(s["work"]["consumers"], 0);
     assert_eq!(s["dead"]["ready"], 4);
     assert_eq!(s["dead"]["consumers"], 0);
     assert_eq!(s["retry_exchange_type_available"], true);

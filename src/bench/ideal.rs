@@ -39,7 +39,7 @@ use super::sink::Mode;
 use crate::config::{BrokerSettings, DelayBackend, DEFAULT_HOLD_PREFETCH};
 use crate::delay::{cascade, hold};
 use crate::message::state::{self, H_ATTEMPT, H_DELAY};
-use crate::topology::Topology;
+use crate::topology::{lanes, Topology};
 
 /// The retry loop's delay: the retry phase's `--schedule 1ms`.
 const DELAY_MS: u32 = 1;
@@ -59,7 +59,7 @@ impl Bench {
         self.sink.reset(Mode::default());
         let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
         let drained = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
-            Ok(_) => worker(&self.opts.broker, &prefix, n, c).await,
+            Ok(_) => worker(&self.opts.broker, &self.sink_lane(&prefix), n, c).await,
             Err(e) => Err(e),
         };
         load::remove(&self.conn, &prefix).await;
@@ -80,7 +80,8 @@ impl Bench {
         let looped = match load::preload(&self.conn, &self.opts.broker, &prefix, items).await {
             Ok(_) => {
                 let before = broker_cpu();
-                let r = retry_loop(&self.opts.broker, &prefix, n, c).await;
+                let lane = (self.sink_lane(&prefix), self.sink_key());
+                let r = retry_loop(&self.opts.broker, &prefix, lane, n, c).await;
                 used = before.zip(broker_cpu()).map(|(a, b)| b - a);
                 r
             }
@@ -88,6 +89,19 @@ impl Bench {
         };
         load::remove(&self.conn, &prefix).await;
         Ok((looped.context("the ideal retry loop")?, used))
+    }
+
+    /// The bucket key of the sink's notifications: they all travel in one
+    /// lane, the one the ideal consumers read.
+    fn sink_key(&self) -> String {
+        let url = self.sink.url("/ok");
+        url::Url::parse(&url).map_or_else(|_| String::new(), |u| lanes::key_for_url(&u))
+    }
+
+    /// The lane of [`Bench::sink_key`] under `prefix`.
+    fn sink_lane(&self, prefix: &str) -> String {
+        let t = Topology::new(prefix);
+        t.lane(lanes::lane_of_key(&self.sink_key(), t.lanes))
     }
 
     /// The ideal retry loop's name in the table.
@@ -161,15 +175,14 @@ fn check<T: 'static>(tasks: &mut JoinSet<anyhow::Result<T>>) -> anyhow::Result<(
     Ok(())
 }
 
-/// The ideal worker: consumes `prefix`'s work queue at the real worker's
+/// The ideal worker: consumes the sink's lane at the real worker's
 /// prefetch, at most `c` POSTs in flight (a slot taken before the next
 /// delivery is pulled, as the worker does), and acks each message once
 /// the sink answered 2xx. Returns when `n` were acked.
-async fn worker(broker: &BrokerSettings, prefix: &str, n: usize, c: usize) -> anyhow::Result<()> {
+async fn worker(broker: &BrokerSettings, lane: &str, n: usize, c: usize) -> anyhow::Result<()> {
     let conn = connect(broker).await?;
     let result = async {
-        let work = Topology::new(prefix).work;
-        let (_ch, mut consumer) = consume(&conn, &work, prefetch_for(c)).await?;
+        let (_ch, mut consumer) = consume(&conn, lane, prefetch_for(c)).await?;
         let http: Http = Client::builder(TokioExecutor::new()).build_http();
         let slots = Arc::new(Semaphore::new(c.max(1)));
         let mut tasks = JoinSet::new();
@@ -231,10 +244,18 @@ struct Loop {
     next: AtomicUsize,
     topology: Topology,
     backend: DelayBackend,
+    /// The lane the sink's notifications travel in, and their bucket key.
+    lane: String,
+    key: String,
 }
 
 impl Loop {
-    async fn open(conn: &Connection, prefix: &str, backend: DelayBackend) -> anyhow::Result<Self> {
+    async fn open(
+        conn: &Connection,
+        prefix: &str,
+        backend: DelayBackend,
+        (lane, key): (String, String),
+    ) -> anyhow::Result<Self> {
         let mut channels = Vec::with_capacity(crate::worker::PUBLISH_CHANNELS);
         for _ in 0..crate::worker::PUBLISH_CHANNELS {
             let ch = conn.create_channel().await?;
@@ -250,6 +271,8 @@ impl Loop {
             next: AtomicUsize::new(0),
             topology: Topology::new(prefix),
             backend,
+            lane,
+            key,
         })
     }
 
@@ -291,7 +314,9 @@ impl Loop {
         // redeliver-attempt: 1, as the worker's copy of a first attempt says.
         headers.insert(H_ATTEMPT.into(), AMQPValue::LongLongInt(1));
         // x-delay (and, held on the cascade, the due time) and the route.
-        let route = self.backend.route(&self.topology, DELAY_MS, &mut headers);
+        let route = self
+            .backend
+            .route(&self.topology, DELAY_MS, &self.key, &mut headers);
         // delivery_mode 2: persistent, like every copy the worker makes.
         let props = BasicProperties::default()
             .with_delivery_mode(2)
@@ -333,11 +358,12 @@ async fn turn(s: Arc<Loop>, d: Delivery) -> anyhow::Result<Option<Instant>> {
 async fn retry_loop(
     broker: &BrokerSettings,
     prefix: &str,
+    lane: (String, String),
     n: usize,
     c: usize,
 ) -> anyhow::Result<f64> {
     let conn = connect(broker).await?;
-    let s = Arc::new(Loop::open(&conn, prefix, broker.delay).await?);
+    let s = Arc::new(Loop::open(&conn, prefix, broker.delay, lane).await?);
     let holder = match broker.delay {
         DelayBackend::Cascade => {
             let queue = cascade::hold(&s.topology);
@@ -365,7 +391,7 @@ async fn retry_loop(
 
 /// [`retry_loop`]'s consumer: 2 × `n` deliveries, originals and copies.
 async fn loop_through(conn: &Connection, s: Arc<Loop>, n: usize, c: usize) -> anyhow::Result<f64> {
-    let (_ch, mut consumer) = consume(conn, &s.topology.work, prefetch_for(c)).await?;
+    let (_ch, mut consumer) = consume(conn, &s.lane, prefetch_for(c)).await?;
     let (mut first, mut last, mut copies) = (None, None, 0);
     let mut tasks = JoinSet::new();
     let mut tally = |r: Option<Instant>| {
@@ -425,7 +451,7 @@ async fn release(s: Arc<Loop>, d: Delivery) -> anyhow::Result<()> {
     tokio::time::sleep(wait).await;
     let out = cascade::out(&s.topology);
     // Fanout exit, no key; mandatory, as the worker's holder publishes.
-    s.confirmed((&out, "", true), &d.data, d.properties.clone())
+    s.confirmed((&out, &s.key, true), &d.data, d.properties.clone())
         .await?;
     d.acker
         .ack(BasicAckOptions::default())

@@ -237,11 +237,11 @@ impl Bench {
         );
         let broker = &self.opts.broker;
         // The last queue a worker starts consuming: the hold queue with
-        // the cascade, the work queue with the plugin.
+        // the cascade, the last lane with the plugin.
         let t = crate::topology::Topology::new(prefix);
         let last = match broker.delay {
             crate::delay::DelayBackend::Cascade => crate::delay::cascade::hold(&t),
-            crate::delay::DelayBackend::Plugin => t.work,
+            crate::delay::DelayBackend::Plugin => t.lane(t.lanes - 1),
         };
         load::wait_for_consumer(&self.conn, &last).await?;
         load::preload_windowed(&self.conn, broker, prefix, items, (DELAY_WINDOW, rate)).await
@@ -336,12 +336,11 @@ impl Bench {
         backlog: usize,
     ) -> anyhow::Result<Vec<(usize, Option<f64>)>> {
         let mut out = vec![];
-        let work = format!("{prefix}.work");
+        let t = crate::topology::Topology::new(prefix);
         for c in self.sizes.memory_concurrency {
-            // A missing queue (the first run) holds nothing.
-            let have = crate::ops::status::queue(&self.conn, &work)
-                .await
-                .map_or(0, |q| q.ready as usize);
+            // Missing lanes (the first run) hold nothing.
+            let lanes = crate::ops::status::read_lanes(&self.conn, &t).await;
+            let have = lanes.map_or(0, |l| crate::ops::status::sum(prefix, &l).ready as usize);
             let top_up = backlog.saturating_sub(have);
             let items = self.items(top_up, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
             load::preload(&self.conn, &self.opts.broker, prefix, items).await?;

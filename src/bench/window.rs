@@ -142,7 +142,9 @@ impl Bench {
         self.start_broker().await?;
         let tables = read_tables().await;
         let last_due = confirms.iter().map(|c| c.1).max().unwrap_or(killed_at) + DELAY;
-        let got = drain(&self.conn, &t.work, last_due).await;
+        // Published with the single work queue's name as the key, as an
+        // earlier build's copies were: lane 0 takes that key.
+        let got = drain(&self.conn, &t.lane(0), last_due).await;
         load::remove(&self.conn, &prefix).await;
         let got = got?;
         let lost = confirms.iter().filter(|(seq, _)| !got.contains(seq));

@@ -48,6 +48,7 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
         concurrency,
         prefetch,
         hold_prefetch: args.hold_prefetch,
+        lanes: args.lanes,
         policy,
         rules: SuccessRules {
             permanent_status: args.permanent_status.clone(),

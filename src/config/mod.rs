@@ -162,6 +162,9 @@ impl Default for ProbeSettings {
     }
 }
 
+/// Lanes when `--lanes` is not given: see `docs/lanes.md` for why.
+pub const DEFAULT_LANES: u16 = 8;
+
 /// How a worker delivers and decides.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -173,6 +176,9 @@ pub struct WorkerSettings {
     /// With the cascade, the most short delays held at once
     /// ([`crate::delay::hold`]).
     pub hold_prefetch: u16,
+    /// Lanes of the work queue (`--lanes`), each consumed on its own
+    /// channel (`crate::topology::lanes`).
+    pub lanes: u16,
     pub policy: RetryPolicy,
     pub rules: SuccessRules,
     pub max_message_bytes: usize,
@@ -226,6 +232,7 @@ impl Default for WorkerSettings {
             concurrency: 32,
             prefetch: None,
             hold_prefetch: DEFAULT_HOLD_PREFETCH,
+            lanes: DEFAULT_LANES,
             policy: RetryPolicy::default(),
             rules: SuccessRules::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

@@ -289,7 +289,10 @@ pub async fn read_pulse(broker: &BrokerSettings) -> Pulse {
     };
     match broker.url.connect("redeliver console").await {
         Ok(conn) => {
-            p.work = declared(&conn, &t.work).await;
+            // The lanes as one queue: ready summed, the workers on them all.
+            let lanes = crate::ops::status::read_lanes(&conn, &t).await.ok();
+            let work = lanes.map(|l| crate::ops::status::sum(&t.prefix, &l));
+            p.work = work.filter(|w| w.exists).map(|w| (w.ready, w.consumers));
             p.dead = declared(&conn, &t.dead).await.map(|(ready, _)| ready);
             p.probes =
                 crate::delay::report::summarize(&crate::delay::report::read(&conn, &t).await);

@@ -85,6 +85,25 @@ pub fn hold_entry(delay_ms: u32, now_us: u64, headers: &mut FieldTable) {
     headers.insert(DUE_HEADER.into(), AMQPValue::LongLongInt(due));
 }
 
+/// The header with a held message's bucket key: the hold queue is reached
+/// through the default exchange (its name as the key), so the holder
+/// releases it to the exit with this key, back to its lane.
+pub const ROUTE_HEADER: &str = "redeliver-cascade-route";
+
+/// Sets a held message's bucket key (see [`ROUTE_HEADER`]).
+pub fn hold_key(key: &str, headers: &mut FieldTable) {
+    headers.insert(ROUTE_HEADER.into(), AMQPValue::LongString(key.into()));
+}
+
+/// The bucket key a held message is released with; `""` (lane 0, through
+/// the lanes exchange's alternate) when it has none.
+pub fn held_key(headers: Option<&FieldTable>) -> String {
+    match headers.and_then(|h| h.inner().get(ROUTE_HEADER)) {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        _ => String::new(),
+    }
+}
+
 /// The headers exchange of stage `s`.
 pub fn stage(t: &Topology, s: u32) -> String {
     format!("{}.cascade.{s}", t.prefix)
@@ -206,7 +225,17 @@ fn matches(s: u32, digit: u32) -> FieldTable {
 pub async fn declare(ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
     let out = out(t);
     exchange(ch, &out, ExchangeKind::Fanout).await?;
-    t.bind(ch, &out, "").await?;
+    // The exit fans out to the lanes exchange, which routes a copy by the
+    // bucket key it was published with (dead-lettering keeps it).
+    ch.exchange_bind(
+        t.lanes_exchange.as_str().into(),
+        out.as_str().into(),
+        "".into(),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| classify("binding to", &out, e))?;
     let hold = hold(t);
     // The hold queue has no TTL: a message leaves it when a worker acks
     // it, after its released copy was confirmed.

@@ -39,11 +39,17 @@ pub struct Router {
 }
 
 impl DelayRouter for Router {
-    fn route(&self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+    fn route(
+        &self,
+        t: &Topology,
+        delay_ms: u32,
+        key: &str,
+        headers: &mut FieldTable,
+    ) -> DelayedRoute {
         if self.switch.is_on() {
-            stages(t, delay_ms, headers)
+            stages(t, delay_ms, key, headers)
         } else {
-            self.primary.route(t, delay_ms, headers)
+            self.primary.route(t, delay_ms, key, headers)
         }
     }
 }
@@ -51,12 +57,13 @@ impl DelayRouter for Router {
 /// The cascade's stages for every delay, short ones included: a plugin
 /// worker runs no holder for the hold queue, and a few milliseconds of
 /// lateness per hop is nothing next to a wedged plugin.
-fn stages(t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+fn stages(t: &Topology, delay_ms: u32, key: &str, headers: &mut FieldTable) -> DelayedRoute {
     // x-delay: set too, so a copy reads the same whichever way it went.
     headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
     DelayedRoute {
         exchange: cascade::entry(t, delay_ms, headers),
-        routing_key: String::new(),
+        // Dead-lettering keeps it, so the exit routes it to its lane.
+        routing_key: key.to_string(),
         // The cascade is all ordinary queues: unroutable is an error.
         mandatory: true,
     }
@@ -74,13 +81,19 @@ mod tests {
             switch: Switch::default(),
         };
         let mut h = FieldTable::default();
-        assert_eq!(router.route(&t, 500, &mut h).exchange, "p.retry");
+        assert_eq!(
+            router.route(&t, 500, "bucket.1", &mut h).exchange,
+            "p.retry"
+        );
         router.switch.set(true);
         let mut h = FieldTable::default();
-        let r = router.route(&t, 500, &mut h);
+        let r = router.route(&t, 500, "bucket.1", &mut h);
         assert_eq!((r.exchange.as_str(), r.mandatory), ("p.cascade.2", true));
         assert_eq!(h.inner().get(H_DELAY), Some(&AMQPValue::LongLongInt(500)));
         router.switch.set(false);
-        assert_eq!(router.route(&t, 500, &mut h).exchange, "p.retry");
+        assert_eq!(
+            router.route(&t, 500, "bucket.1", &mut h).exchange,
+            "p.retry"
+        );
     }
 }

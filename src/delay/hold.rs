@@ -217,6 +217,7 @@ const NACKED_PAUSE: Duration = Duration::from_secs(1);
 async fn hold_one(s: Arc<Shared>, d: Delivery) {
     let _held = GaugeGuard::new(telemetry::HELD);
     let wait = wait_of(d.properties.headers().as_ref());
+    let key = cascade::held_key(d.properties.headers().as_ref());
     tokio::select! {
         _ = s.hard_stop.cancelled() => {
             let _ = d.acker.nack(requeue()).await;
@@ -230,7 +231,7 @@ async fn hold_one(s: Arc<Shared>, d: Delivery) {
     }
     match s
         .publisher
-        .confirmed(&s.out, "", true, &d.data, d.properties.clone())
+        .confirmed(&s.out, &key, true, &d.data, d.properties.clone())
         .await
     {
         Ok(()) => match d.acker.ack(BasicAckOptions::default()).await {

@@ -30,9 +30,20 @@ pub async fn declare_topology(
     broker: &BrokerSettings,
     conn: &Connection,
 ) -> Result<Topology, TopologyError> {
+    declare_topology_with(broker, conn, None).await
+}
+
+/// [`declare_topology`] for a worker with `lanes` lanes: it lays the lanes'
+/// bindings for that count, where any other command only lays them on a
+/// prefix that has none (see `crate::topology::lanes`).
+pub async fn declare_topology_with(
+    broker: &BrokerSettings,
+    conn: &Connection,
+    lanes: Option<u16>,
+) -> Result<Topology, TopologyError> {
     let mut pause = Duration::from_millis(100);
     for _ in 1..DECLARE_TRIES {
-        match declare_once(broker, conn).await {
+        match declare_once(broker, conn, lanes).await {
             Err(e) if e.is_transient() => {
                 tracing::info!(error = %e, retry_in = ?pause, "the broker asked to declare again later");
                 tokio::time::sleep(pause).await;
@@ -41,7 +52,7 @@ pub async fn declare_topology(
             done => return done,
         }
     }
-    declare_once(broker, conn).await
+    declare_once(broker, conn, lanes).await
 }
 
 /// Tries of [`declare_topology`]: 100 ms doubling, 1.5 s of waits in all.
@@ -50,14 +61,20 @@ const DECLARE_TRIES: u32 = 5;
 async fn declare_once(
     broker: &BrokerSettings,
     conn: &Connection,
+    lanes: Option<u16>,
 ) -> Result<Topology, TopologyError> {
-    let topology = Topology::new(&broker.prefix);
-    topology.declare(conn, broker.queue_type).await?;
+    let topology = match lanes {
+        Some(n) => Topology::new(&broker.prefix).with_lanes(n),
+        None => Topology::new(&broker.prefix),
+    };
+    let laid = topology
+        .declare(conn, broker.queue_type, lanes.is_some())
+        .await?;
     let ch = conn
         .create_channel()
         .await
         .map_err(|e| classify("a channel for", &broker.prefix, e))?;
-    broker.delay.declare(&ch, &topology).await?;
+    broker.delay.declare(conn, &ch, &topology, laid).await?;
     // Last: its existence says a declare of everything above completed.
     let durable = ExchangeDeclareOptions {
         durable: true,
@@ -153,7 +170,13 @@ pub async fn delete(topology: &Topology, conn: &Connection) -> Result<(), lapin:
 }
 
 impl DelayBackend {
-    pub(crate) async fn declare(self, ch: &Channel, t: &Topology) -> Result<(), TopologyError> {
+    pub(crate) async fn declare(
+        self,
+        conn: &Connection,
+        ch: &Channel,
+        t: &Topology,
+        laid: bool,
+    ) -> Result<(), TopologyError> {
         match self {
             DelayBackend::Plugin => {
                 let mut args = FieldTable::default();
@@ -175,10 +198,18 @@ impl DelayBackend {
                 )
                 .await
                 .map_err(|e| classify("exchange", &t.retry, e))?;
-                // Due messages route to the work queue by its name.
-                t.bind(ch, &t.retry, &t.work).await
+                // Due messages route to the lanes by their bucket key,
+                // bound when the lanes are (see `Topology::declare_lanes`).
+                match laid {
+                    true => t.lay_plugin_exit(conn, ch).await,
+                    false => Ok(()),
+                }
             }
-            DelayBackend::Cascade => crate::delay::cascade::declare(ch, t).await,
+            DelayBackend::Cascade => {
+                crate::delay::cascade::declare(ch, t).await?;
+                let out = crate::delay::cascade::out(t);
+                t.release_work_queue(conn, ch, &out, "").await
+            }
         }
     }
 
@@ -186,30 +217,40 @@ impl DelayBackend {
     /// `mandatory` may be set (the plugin returns every delayed message as
     /// unroutable at publish time, so not there). The route reaches the
     /// work queue only, never other queues bound to the intake.
-    pub fn route(self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
+    pub fn route(
+        self,
+        t: &Topology,
+        delay_ms: u32,
+        key: &str,
+        headers: &mut FieldTable,
+    ) -> DelayedRoute {
         // x-delay: milliseconds to hold the message, as an integer. The
         // cascade reads its digit headers instead, but sets it too, so a
         // copy reads the same whichever backend carried it.
         headers.insert(H_DELAY.into(), AMQPValue::LongLongInt(delay_ms.into()));
         match self {
+            // The bucket key, bound on the plugin's exchange like on the
+            // lanes exchange.
             DelayBackend::Plugin => DelayedRoute {
                 exchange: t.retry.clone(),
-                routing_key: t.work.clone(),
+                routing_key: key.to_string(),
                 mandatory: false,
             },
             // Short delays go to the hold queue (default exchange, its
             // name as the key), where the workers time them.
             DelayBackend::Cascade if crate::delay::cascade::is_held(delay_ms) => {
                 crate::delay::cascade::hold_entry(delay_ms, crate::clock::now_us(), headers);
+                crate::delay::cascade::hold_key(key, headers);
                 DelayedRoute {
                     exchange: String::new(),
                     routing_key: crate::delay::cascade::hold(t),
                     mandatory: true,
                 }
             }
+            // Dead-lettering keeps the key: the exit routes it to its lane.
             DelayBackend::Cascade => DelayedRoute {
                 exchange: crate::delay::cascade::entry(t, delay_ms, headers),
-                routing_key: String::new(),
+                routing_key: key.to_string(),
                 mandatory: true,
             },
         }
@@ -217,7 +258,13 @@ impl DelayBackend {
 }
 
 impl DelayRouter for DelayBackend {
-    fn route(&self, t: &Topology, delay_ms: u32, headers: &mut FieldTable) -> DelayedRoute {
-        DelayBackend::route(*self, t, delay_ms, headers)
+    fn route(
+        &self,
+        t: &Topology,
+        delay_ms: u32,
+        key: &str,
+        headers: &mut FieldTable,
+    ) -> DelayedRoute {
+        DelayBackend::route(*self, t, delay_ms, key, headers)
     }
 }

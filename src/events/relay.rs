@@ -188,10 +188,12 @@ impl Relay {
             h.insert(H_EVENT.into(), AMQPValue::LongString(kind.as_str().into()));
             let props = properties(&id, &kind, h);
             let mut wait = BACKOFF;
+            // The bucket key of its URL picks its lane.
+            let key = crate::topology::lanes::key_of_payload(&n);
             // Mandatory: an intake routed nowhere is an error.
             let publish = || {
                 self.publisher
-                    .confirmed(&self.intake, "", true, &n, props.clone())
+                    .confirmed(&self.intake, &key, true, &n, props.clone())
             };
             while let Err(e) = publish().await {
                 warn!(error = %e, retry_in = ?wait, "an event was not relayed to the events URL; trying again");

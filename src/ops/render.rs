@@ -13,6 +13,7 @@ use crate::ops::status::{QueueStatus, Status};
 pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     writeln!(out, "prefix         {}  ({})", s.prefix, s.broker)?;
     cluster(s, out)?;
+    lanes(s, out)?;
     for q in [&s.work, &s.dead] {
         if q.exists {
             writeln!(
@@ -33,6 +34,33 @@ pub fn status(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
     let events = crate::ops::events_status::line(&s.events);
     writeln!(out, "events         {events}")?;
     cascade(s, out)
+}
+
+/// One line per lane: its depth, consumers and leader; then the old
+/// single work queue while the workers drain it.
+fn lanes(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
+    let legacy = s.lanes.legacy.iter().map(|q| (q, " (draining)"));
+    for (q, note) in s.lanes.lanes.iter().map(|q| (q, "")).chain(legacy) {
+        let leader = q.placement.as_ref().and_then(|p| p.leader.as_deref());
+        writeln!(
+            out,
+            "lane           {}  ready {}  unacked {}  consumers {}  leader {}{note}",
+            q.name,
+            q.ready,
+            unacked(q),
+            q.consumers,
+            leader.unwrap_or("?")
+        )?;
+    }
+    if !s.lane_leaders.is_empty() {
+        let each: Vec<String> = s
+            .lane_leaders
+            .iter()
+            .map(|(n, c)| format!("{n} {c}"))
+            .collect();
+        writeln!(out, "lane leaders   {}", each.join(", "))?;
+    }
+    Ok(())
 }
 
 /// One line: endpoints by state (`redeliver endpoint list` has them all).

@@ -11,7 +11,7 @@ use crate::amqp::bounded;
 use crate::config::{AmqpUrl, BrokerSettings};
 use crate::ops::events_status::{self, EventsStatus};
 use crate::ops::management::{Api, NodeStatus, Placement};
-use crate::topology::Topology;
+use crate::topology::{lanes, Topology};
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct QueueStatus {
@@ -37,7 +37,12 @@ pub struct Status {
     pub node: Option<String>,
     /// The cluster's nodes (from the management API).
     pub cluster: Option<Vec<NodeStatus>>,
+    /// The lanes as one queue ([`sum`]).
     pub work: QueueStatus,
+    /// Each lane, and the old single work queue while it drains.
+    pub lanes: LanesStatus,
+    /// How many lanes each node leads (from the management API).
+    pub lane_leaders: std::collections::BTreeMap<String, u32>,
     pub dead: QueueStatus,
     pub delay_backend: &'static str,
     /// Whether the broker has the `x-delayed-message` exchange type.
@@ -109,7 +114,7 @@ pub async fn status(
     let t = Topology::new(&broker.prefix);
     let (conn, connected) = broker.url.connect_to("redeliver status").await?;
     let mut probe = Probe::new(&conn);
-    let work = probe.queue(&t.work).await?;
+    let lanes = read_lanes(&conn, &t).await?;
     let dead = probe.queue(&t.dead).await?;
     let hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
     let mut cascade = vec![];
@@ -141,7 +146,9 @@ pub async fn status(
         connected,
         node: None,
         cluster: None,
-        work,
+        work: sum(&broker.prefix, &lanes),
+        lanes,
+        lane_leaders: Default::default(),
         dead,
         hold,
         delay_backend: broker.delay.as_str(),
@@ -164,10 +171,13 @@ pub async fn status(
 async fn add_management(s: &mut Status, api: &Api, t: &Topology) {
     s.cluster = api.nodes().await;
     let mut placed = api.placements(&format!("{}.", t.prefix)).await;
-    for q in [&mut s.work, &mut s.dead, &mut s.hold] {
+    let lanes = s.lanes.lanes.iter_mut().chain(s.lanes.legacy.iter_mut());
+    for q in lanes.chain([&mut s.dead, &mut s.hold]) {
         q.unacked = api.u64("queues", &q.name, "messages_unacknowledged").await;
         q.placement = placed.remove(&q.name);
     }
+    s.work = sum(&s.prefix, &s.lanes);
+    s.lane_leaders = leaders(&s.lanes);
     s.plugin_delayed = api.u64("exchanges", &t.retry, "messages_delayed").await;
     events_status::add_management(&mut s.events, api).await;
     for q in &s.cascade {
@@ -271,4 +281,95 @@ pub async fn delayed_type_available(url: &AmqpUrl, prefix: &str) -> bool {
     };
     let _ = conn.close(200, "probe done".into()).await;
     ok
+}
+
+// The lanes: each lane's depth, consumers and leader, the sum `work`
+// shows, and the single work queue of an earlier build while it drains.
+
+/// Every lane that exists, and what is left to drain.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct LanesStatus {
+    /// Lanes `<prefix>.work.0` … that exist, in order.
+    pub lanes: Vec<QueueStatus>,
+    /// The single work queue of an earlier build, if it still exists: the
+    /// workers drain it, then it is deleted.
+    pub legacy: Option<QueueStatus>,
+}
+
+/// The lanes found by passive declares, from lane 0 to the first missing.
+pub(crate) async fn read_lanes(
+    conn: &lapin::Connection,
+    t: &Topology,
+) -> Result<LanesStatus, lapin::Error> {
+    let mut found = Vec::new();
+    for k in 0..lanes::BUCKETS {
+        let q = queue(conn, &t.lane(k)).await?;
+        if !q.exists {
+            break;
+        }
+        found.push(q);
+    }
+    let legacy = queue(conn, &t.work).await?;
+    Ok(LanesStatus {
+        lanes: found,
+        legacy: Some(legacy).filter(|q| q.exists),
+    })
+}
+
+/// The work queue as one: every lane's ready and unacked messages summed,
+/// and the consumers of the least-consumed lane (each worker consumes
+/// every lane, so that is the workers consuming them all).
+pub fn sum(prefix: &str, l: &LanesStatus) -> QueueStatus {
+    let all = l.lanes.iter().chain(l.legacy.iter());
+    let unacked = all.clone().map(|q| q.unacked).sum::<Option<u64>>();
+    QueueStatus {
+        name: format!("{prefix}.work.*"),
+        exists: !l.lanes.is_empty(),
+        ready: all.clone().map(|q| q.ready).sum(),
+        unacked,
+        consumers: l.lanes.iter().map(|q| q.consumers).min().unwrap_or(0),
+        placement: None,
+    }
+}
+
+/// How many lanes each node leads, `?` for unknown.
+pub fn leaders(l: &LanesStatus) -> std::collections::BTreeMap<String, u32> {
+    let mut by = std::collections::BTreeMap::new();
+    for q in &l.lanes {
+        let leader = q.placement.as_ref().and_then(|p| p.leader.clone());
+        *by.entry(leader.unwrap_or_else(|| "?".into())).or_insert(0) += 1;
+    }
+    by
+}
+
+#[cfg(test)]
+mod lanes_tests {
+    use super::*;
+
+    fn q(name: &str, ready: u32, consumers: u32, unacked: Option<u64>) -> QueueStatus {
+        QueueStatus {
+            name: name.into(),
+            exists: true,
+            ready,
+            unacked,
+            consumers,
+            placement: None,
+        }
+    }
+
+    #[test]
+    fn the_sum_adds_depths_and_counts_the_workers_on_every_lane() {
+        let l = LanesStatus {
+            lanes: vec![q("p.work.0", 3, 2, Some(1)), q("p.work.1", 4, 1, Some(2))],
+            legacy: Some(q("p.work", 5, 0, Some(0))),
+        };
+        let s = sum("p", &l);
+        assert_eq!((s.ready, s.consumers, s.unacked), (12, 1, Some(3)));
+        let l = LanesStatus {
+            lanes: vec![q("p.work.0", 3, 2, Some(1)), q("p.work.1", 4, 1, None)],
+            legacy: None,
+        };
+        assert_eq!(sum("p", &l).unacked, None, "unknown when any is");
+        assert!(!sum("p", &LanesStatus::default()).exists);
+    }
 }

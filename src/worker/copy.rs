@@ -59,11 +59,23 @@ async fn retry<H>(
     headers: FieldTable,
     delay: Duration,
 ) -> Result<Done, PublishError> {
+    let key = lane_key(d);
     let copy = ctx
         .publisher
-        .retry(&d.data, d.properties.clone(), headers, delay);
+        .retry(&d.data, d.properties.clone(), &key, headers, delay);
     let _pending = GaugeGuard::new(telemetry::CONFIRMS_PENDING);
     copy.await.map(|()| Done::Retried)
+}
+
+/// The bucket key a copy of `d` comes back with: the one it arrived with,
+/// or for a notification that came by another key (a raw producer's, the
+/// lanes' alternate), its URL's.
+fn lane_key(d: &Delivery) -> String {
+    let key = d.routing_key.as_str();
+    match crate::topology::lanes::is_bucket_key(key) {
+        true => key.to_string(),
+        false => crate::topology::lanes::key_of_payload(&d.data),
+    }
 }
 
 /// Republishes a delivery its endpoint cannot take now, unattempted, to

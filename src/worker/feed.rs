@@ -1,4 +1,9 @@
-//! The work queue's consumers. A retried original is kept unacked for
+//! The lanes' consumers: each lane (`crate::topology::lanes`) has its own
+//! channel and consumer, so an open tag on one lane (a delivery to a hung
+//! endpoint, a settling original) never holds the acks of another: AMQP
+//! acks a run of tags with no hole in it, per channel.
+//!
+//! A retried original is kept unacked for
 //! `--retry-settle` after its copy was confirmed (see `process.rs`), and
 //! an unacked delivery counts against its consumer's prefetch. Held
 //! originals would therefore crowd out the deliveries waiting to be
@@ -37,9 +42,9 @@ use super::acks::{Acks, Settle};
 
 use crate::telemetry::{self, GaugeGuard};
 
-/// Consumers alive at once, the current one included. Each retired one
-/// lives about `--retry-settle` (plus its slowest delivery), so 64 allows
-/// a rotation every ~30 ms with the 2 s default.
+/// Consumers alive at once per lane, the current one included. Each
+/// retired one lives about `--retry-settle` (plus its slowest delivery),
+/// so 64 allows a rotation every ~30 ms with the 2 s default.
 const MAX_LIVE: usize = 64;
 
 /// One consumer, on a channel of its own, and its settling originals.
@@ -145,7 +150,8 @@ type Deliveries = Pin<Box<dyn Stream<Item = Tagged> + Send + Sync>>;
 /// What a new consumer is made of.
 struct Subscriber {
     conn: Arc<Connection>,
-    queue: String,
+    /// The lanes, by index.
+    queues: Vec<String>,
     prefetch: u16,
     threshold: usize,
     rotate: Arc<Notify>,
@@ -155,11 +161,12 @@ struct Subscriber {
     ack_tasks: TaskTracker,
 }
 
-/// The current consumer and the retired ones still delivering what they
-/// received before their cancel.
+/// Each lane's current consumer and the retired ones still delivering
+/// what they received before their cancel.
 pub(super) struct Feed {
     subscriber: Subscriber,
-    current: Arc<Generation>,
+    /// By lane index.
+    current: Vec<Arc<Generation>>,
     streams: SelectAll<Deliveries>,
     /// Set when a rotation could not open a consumer: no more tries in
     /// this session.
@@ -167,28 +174,33 @@ pub(super) struct Feed {
 }
 
 impl Feed {
-    /// The first consumer on `queue`, with `prefetch`; it rotates past half
-    /// the room beyond `concurrency`.
+    /// A consumer on each of `queues`. The worker's room past its
+    /// `concurrency` (its `prefetch` less the concurrency) is shared out
+    /// between them: each lane's consumer has `concurrency` plus its share,
+    /// and rotates past half its share.
     pub(super) async fn open(
         conn: &Arc<Connection>,
-        queue: &str,
+        queues: &[String],
         prefetch: u16,
         concurrency: usize,
     ) -> Result<Feed, lapin::Error> {
-        let room = usize::from(prefetch).saturating_sub(concurrency);
+        let share = usize::from(prefetch).saturating_sub(concurrency) / queues.len().max(1);
         let subscriber = Subscriber {
             conn: conn.clone(),
-            queue: queue.to_string(),
-            prefetch,
-            threshold: (room / 2).max(1),
+            queues: queues.to_vec(),
+            prefetch: u16::try_from(concurrency + share).unwrap_or(u16::MAX),
+            threshold: (share / 2).max(1),
             rotate: Arc::new(Notify::new()),
             live: Arc::new(AtomicUsize::new(0)),
             ending: Arc::new(AtomicBool::new(false)),
             ack_tasks: TaskTracker::new(),
         };
-        let (current, deliveries) = subscriber.subscribe().await?;
-        let mut streams = SelectAll::new();
-        streams.push(deliveries);
+        let (mut current, mut streams) = (Vec::new(), SelectAll::new());
+        for lane in 0..queues.len() {
+            let (generation, deliveries) = subscriber.subscribe(lane).await?;
+            current.push(generation);
+            streams.push(deliveries);
+        }
         Ok(Feed {
             subscriber,
             current,
@@ -231,13 +243,19 @@ impl Feed {
     /// consumer still has deliveries to hand out: so at most two
     /// prefetches' worth of bodies are ever in memory.
     pub(super) async fn rotate(&mut self) -> Result<(), lapin::Error> {
-        let held = self.current.held.load(Ordering::Relaxed);
+        let threshold = self.subscriber.threshold;
+        let full = self
+            .current
+            .iter()
+            .position(|g| g.held.load(Ordering::Relaxed) >= threshold);
         let live = self.subscriber.live.load(Ordering::Relaxed);
-        let draining = self.streams.len() > 1;
-        if held < self.subscriber.threshold || live >= MAX_LIVE || draining || self.stuck {
+        let draining = self.streams.len() > self.current.len();
+        let Some(lane) = full else { return Ok(()) };
+        if live >= MAX_LIVE * self.current.len() || draining || self.stuck {
             return Ok(());
         }
-        let (fresh, deliveries) = match self.subscriber.subscribe().await {
+        let held = self.current[lane].held.load(Ordering::Relaxed);
+        let (fresh, deliveries) = match self.subscriber.subscribe(lane).await {
             Ok(fresh) => fresh,
             // Say, the broker's channel_max: keep the current consumer
             // (held originals take its room again) rather than break the
@@ -249,7 +267,7 @@ impl Feed {
             }
         };
         self.streams.push(deliveries);
-        let old = std::mem::replace(&mut self.current, fresh);
+        let old = std::mem::replace(&mut self.current[lane], fresh);
         old.retired.store(true, Ordering::Relaxed);
         debug!(held, tag = %old.tag, "consumer rotated: its settling originals no longer take prefetch room");
         metrics::counter!(telemetry::ROTATIONS).increment(1);
@@ -263,19 +281,24 @@ impl Feed {
         self.subscriber.ack_tasks.clone()
     }
 
-    /// Cancels the current consumer (shutdown): deliveries it already sent
-    /// still come out of [`Feed::next`].
+    /// Cancels the current consumers (shutdown): deliveries they already
+    /// sent still come out of [`Feed::next`].
     pub(super) async fn cancel_current(&self) -> Result<(), lapin::Error> {
         self.subscriber.ending.store(true, Ordering::Relaxed);
-        self.current.retired.store(true, Ordering::Relaxed);
-        cancel(&self.current).await
+        for g in &self.current {
+            g.retired.store(true, Ordering::Relaxed);
+        }
+        for g in &self.current {
+            cancel(g).await?;
+        }
+        Ok(())
     }
 }
 
 impl Subscriber {
-    /// A new channel, its prefetch, and a consumer on the work queue, with
+    /// A new channel, its prefetch, and a consumer on lane `lane`, with
     /// its deliveries as a stream that also reports its end.
-    async fn subscribe(&self) -> Result<(Arc<Generation>, Deliveries), lapin::Error> {
+    async fn subscribe(&self, lane: usize) -> Result<(Arc<Generation>, Deliveries), lapin::Error> {
         let channel = self.conn.create_channel().await?;
         // basic.qos before basic.consume: a per-consumer prefetch
         // (global=false) applies to consumers started after it.
@@ -284,7 +307,7 @@ impl Subscriber {
             .await?;
         let consumer = channel
             .basic_consume(
-                self.queue.as_str().into(),
+                self.queues[lane].as_str().into(),
                 // An empty tag: the broker names the consumer.
                 "".into(),
                 // Manual acks (no_ack: false), not exclusive: workers compete.

@@ -7,6 +7,7 @@ mod context;
 mod copy;
 mod error;
 mod feed;
+mod lanes;
 mod notify;
 pub(crate) mod process;
 mod record;

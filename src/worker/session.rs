@@ -9,16 +9,18 @@ use lapin::Connection;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::admit::Slot;
 use super::context::Context;
 use super::error::WorkerError;
 use super::feed::Feed;
+use super::lanes::open_feed;
 use super::process::process;
 use super::wait::WaitRoom;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
 use crate::control::Control;
+use crate::delay::declare_topology_with;
 use crate::delay::failover::Router;
 use crate::delay::hold::Holder;
 use crate::delay::probe::{Prober, Watch};
@@ -122,7 +124,7 @@ impl<H: DeliveryHandler> Session<H> {
         handler: &Arc<H>,
         shared: &Shared,
     ) -> Result<Self, WorkerError> {
-        let topology = crate::delay::declare_topology(broker, conn).await?;
+        let topology = declare_topology_with(broker, conn, Some(settings.lanes)).await?;
         // Before the publisher: while failing over, the probe declares the
         // cascade that the first retry is routed to.
         let prober = Prober::start(conn, broker, &topology, &shared.watch).await?;
@@ -140,13 +142,11 @@ impl<H: DeliveryHandler> Session<H> {
             .await?;
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
-        let prefetch = u16::try_from(prefetch(settings)).unwrap_or(u16::MAX);
-        let feed = Feed::open(conn, &topology.work, prefetch, settings.concurrency).await?;
+        let feed = open_feed(conn, &topology, (settings, prefetch(settings)), node).await?;
         let hard_stop = CancellationToken::new();
         let stops = (&tracker, &helpers, &hard_stop);
         let hold_failed =
             start_holder(conn, broker, settings, &topology, &publisher, stops).await?;
-        info!(queue = %topology.work, concurrency = settings.concurrency, broker = %node, "consuming");
         let lost = start_watches(conn, &topology, settings, &helpers).await?;
         let relay_failed = relay::start(conn, &events, helpers.clone()).await?;
         let probe_failed = match prober {

@@ -125,9 +125,33 @@ impl TestApp {
 
     /// Declares the topology and publishes straight into the queue
     /// `<prefix>.<suffix>` (default exchange), with confirms.
+    /// Publishes to `<prefix>.<suffix>`; "work" means the lanes exchange
+    /// with a key no bucket has, so lane 0 (through its alternate).
     pub async fn publish_to_queue(&self, suffix: &str, items: &[(Vec<u8>, FieldTable)]) {
-        let queue = self.name(suffix);
-        harness::publish_confirmed(&self.broker(), "", &queue, items).await;
+        let (exchange, key) = match suffix {
+            "work" => (self.name("lanes"), String::new()),
+            _ => (String::new(), self.name(suffix)),
+        };
+        harness::publish_confirmed(&self.broker(), &exchange, &key, items).await;
+    }
+
+    /// The lane (`work.<k>` suffix) notifications to `url` travel in, with
+    /// the default lane count.
+    pub fn lane_for(&self, url: &str) -> String {
+        use redeliver::topology::lanes;
+        let key = lanes::key_for_url(&url::Url::parse(url).expect("a URL"));
+        let k = lanes::lane_of_key(&key, redeliver::config::DEFAULT_LANES);
+        format!("work.{k}")
+    }
+
+    /// `<prefix>.<suffix>`, or for "work" every lane of the default count.
+    pub fn queues(&self, suffix: &str) -> Vec<String> {
+        match suffix {
+            "work" => (0..redeliver::config::DEFAULT_LANES)
+                .map(|k| self.name(&format!("work.{k}")))
+                .collect(),
+            _ => vec![self.name(suffix)],
+        }
     }
 
     /// Takes every message off the dead-letter queue (none when it is missing).
@@ -137,7 +161,11 @@ impl TestApp {
 
     /// Takes every message off `<prefix>.<suffix>` (none when it is missing).
     pub async fn drain_queue(&self, suffix: &str) -> Vec<DeadLetter> {
-        harness::drain(&self.url, &self.name(suffix)).await
+        let mut all = Vec::new();
+        for queue in self.queues(suffix) {
+            all.extend(harness::drain(&self.url, &queue).await);
+        }
+        all
     }
 
     /// Drains the dead-letter queue until it has given at least `n` (about
@@ -158,9 +186,12 @@ impl TestApp {
     /// Ready messages in `<prefix>.<suffix>` (passive declare); panics when
     /// the queue does not exist.
     pub async fn queue_len(&self, suffix: &str) -> u32 {
-        let queue = self.name(suffix);
-        let counts = harness::queue_counts(&self.url, &queue).await;
-        counts.unwrap_or_else(|| panic!("{queue} exists")).0
+        let mut n = 0;
+        for queue in self.queues(suffix) {
+            let counts = harness::queue_counts(&self.url, &queue).await;
+            n += counts.unwrap_or_else(|| panic!("{queue} exists")).0;
+        }
+        n
     }
 
     /// Waits (up to 15 s) until `<prefix>.<suffix>` exists and has a consumer.
@@ -170,10 +201,14 @@ impl TestApp {
 
     /// Waits (up to 15 s) until `<prefix>.<suffix>` has `n` consumers or more.
     pub async fn wait_consumer_count(&self, suffix: &str, n: u32) -> bool {
-        let (queue, deadline) = (self.name(suffix), Instant::now() + Duration::from_secs(15));
+        let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let counts = harness::queue_counts(&self.url, &queue).await;
-            if counts.is_some_and(|(_, c)| c >= n) {
+            let mut all = true;
+            for queue in self.queues(suffix) {
+                let counts = harness::queue_counts(&self.url, &queue).await;
+                all &= counts.is_some_and(|(_, c)| c >= n);
+            }
+            if all {
                 return true;
             }
             if Instant::now() > deadline {

@@ -216,10 +216,15 @@ pub fn queue_messages_on(port: u16, queue: &str) -> Option<u64> {
         port,
         &["rabbitmqctl", "-q", "list_queues", "name", "messages"],
     );
-    out.lines().find_map(|l| {
+    // `<prefix>.work` also counts its lanes, `<prefix>.work.<k>`.
+    let lanes = format!("{queue}.");
+    let counts = out.lines().filter_map(|l| {
         let mut it = l.split_whitespace();
-        (it.next() == Some(queue)).then(|| it.next()?.parse().ok())?
-    })
+        let name = it.next()?;
+        let ours = name == queue || (queue.ends_with(".work") && name.starts_with(&lanes));
+        ours.then(|| it.next()?.parse::<u64>().ok())?
+    });
+    counts.fold(None, |sum, n| Some(sum.unwrap_or(0) + n))
 }
 
 /// Messages the stand-in re-routed right after its last start (an upper

@@ -221,7 +221,7 @@ pub async fn drain_url(url: &str, queue: &str) -> Vec<Vec<u8>> {
 
 /// Messages and consumers of a queue (passive declare), or `None` when it
 /// does not exist.
-pub(super) async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
+pub async fn queue_counts(url: &str, queue: &str) -> Option<(u32, u32)> {
     let conn = AmqpUrl::new(url).connect("test count").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     let passive = QueueDeclareOptions {

@@ -25,6 +25,13 @@ pub struct RunArgs {
     /// size. [default: concurrency + max(1024, 4 × concurrency)]
     #[arg(long, env = "REDELIVER_PREFETCH", value_parser = clap::value_parser!(u16).range(1..))]
     pub prefetch: Option<u16>,
+    /// Lanes of the work queue (1 to 64): quorum queues <prefix>.work.0 ...,
+    /// each notification in the lane of its endpoint's hash, each consumed
+    /// on its own channel, so a slow or failing endpoint holds up only the
+    /// endpoints that share its lane. Give every worker of a prefix the same
+    /// value; a change drains the old lanes into the new (docs/lanes.md).
+    #[arg(long, env = "REDELIVER_LANES", default_value_t = crate::config::DEFAULT_LANES, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub lanes: u16,
     /// With --delay-backend cascade: the most short delays (≤ 1 s) this
     /// worker holds at once, each in memory until due; it releases up to
     /// about this many per second. More wait in the hold queue, later.

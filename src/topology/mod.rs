@@ -1,7 +1,15 @@
 //! Exchanges, queues and bindings under one prefix, declared idempotently
-//! by every command that needs them.
+//! by every command that needs them. The work queue is N lanes
+//! (`lanes.rs` says which lane a notification takes, `lay.rs` declares
+//! them and moves a prefix from one lane count, or the single work queue
+//! of earlier builds, to another).
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+pub mod lanes;
+mod lay;
+
+pub use lay::Leftover;
+
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
@@ -15,8 +23,14 @@ pub struct Topology {
     pub intake: String,
     /// Delayed exchange failed notifications are republished to.
     pub retry: String,
-    /// Queue the workers consume; bound to both exchanges.
+    /// The single work queue of builds before lanes: no longer bound to
+    /// anything, consumed until it is empty, then deleted (`lay.rs`).
     pub work: String,
+    /// Lanes, quorum queues `<prefix>.work.<k>`, that the workers consume.
+    pub lanes: u16,
+    /// Direct exchange routing `bucket.<b>` keys to the lanes, with
+    /// [`Topology::lanes_default`] as its alternate exchange.
+    pub lanes_exchange: String,
     /// Dead letters with their history.
     pub dead: String,
     /// The stream of endpoint controls and failing clocks every worker
@@ -60,11 +74,35 @@ impl Topology {
             intake: format!("{prefix}.notifications"),
             retry: format!("{prefix}.retry"),
             work: format!("{prefix}.work"),
+            lanes: lanes::DEFAULT_LANES,
+            lanes_exchange: format!("{prefix}.lanes"),
             dead: format!("{prefix}.dead"),
             endpoint_state: format!("{prefix}.endpoint-state"),
             endpoint_reports: format!("{prefix}.endpoint-reports"),
             events: format!("{prefix}.events"),
         }
+    }
+
+    /// The same names with `n` lanes.
+    pub fn with_lanes(mut self, n: u16) -> Self {
+        self.lanes = n.clamp(1, lanes::BUCKETS);
+        self
+    }
+
+    /// Lane `k`'s queue.
+    pub fn lane(&self, k: u16) -> String {
+        format!("{}.work.{k}", self.prefix)
+    }
+
+    /// Every lane's queue, lane 0 first.
+    pub fn lane_names(&self) -> Vec<String> {
+        (0..self.lanes).map(|k| self.lane(k)).collect()
+    }
+
+    /// The lanes exchange's alternate: a fanout to lane 0, for routing keys
+    /// that are no bucket's (a raw producer's, an old build's).
+    pub fn lanes_default(&self) -> String {
+        format!("{}.lanes.default", self.prefix)
     }
 
     /// The `--events-url` relay's queue (`crate::events::relay`).
@@ -78,13 +116,17 @@ impl Topology {
         format!("{}.events-stall-{backend}", self.prefix)
     }
 
-    /// Declares the intake, work and dead objects, on channels of its own (a broker-side refusal
-    /// closes the channel it happened on).
+    /// Declares the intake, lanes and dead objects, on channels of its own
+    /// (a broker-side refusal closes the channel it happened on). `lay`:
+    /// lay the lanes' bindings for this topology's lane count even on a
+    /// prefix that has lanes (see [`Topology::declare_lanes`]). Returns
+    /// whether it laid them.
     pub async fn declare(
         &self,
         conn: &Connection,
         queue_type: QueueType,
-    ) -> Result<(), TopologyError> {
+        lay: bool,
+    ) -> Result<bool, TopologyError> {
         let ch = &channel(conn, &self.prefix).await?;
         let durable = ExchangeDeclareOptions {
             durable: true,
@@ -99,27 +141,22 @@ impl Topology {
         .await
         .map_err(|e| classify("exchange", &self.intake, e))?;
         self.declare_events(ch).await?;
-        let q = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        // An existing work or dead-letter queue keeps its type and
-        // arguments: `--queue-type` only matters the first time, so later
-        // commands need not repeat it, and a dead-letter queue declared
-        // classic by an earlier build is still used (see `dead_args`).
-        for (name, args) in [
-            (&self.work, work_args(queue_type)),
-            (&self.dead, dead_args(queue_type)),
-        ] {
-            if !exists(conn, name).await? {
-                ch.queue_declare(name.as_str().into(), q, args)
-                    .await
-                    .map_err(|e| classify("queue", name, e))?;
-            }
+        // An existing dead-letter queue keeps its type and arguments:
+        // `--queue-type` only matters the first time, so later commands
+        // need not repeat it, and one declared classic by an earlier build
+        // is still used (see `dead_args`). Lanes do the same.
+        if !exists(conn, &self.dead).await? {
+            let q = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            ch.queue_declare(self.dead.as_str().into(), q, dead_args(queue_type))
+                .await
+                .map_err(|e| classify("queue", &self.dead, e))?;
         }
-        self.bind(ch, &self.intake, "").await?;
+        let laid = self.declare_lanes(conn, ch, queue_type, lay).await?;
         let _ = ch.close(200, "topology declared".into()).await;
-        Ok(())
+        Ok(laid)
     }
 
     /// Declares the events exchange (`crate::events`): a topic exchange,
@@ -146,6 +183,20 @@ impl Topology {
     pub(crate) async fn delete(&self, conn: &Connection) -> Result<(), lapin::Error> {
         let ch = conn.create_channel().await?;
         // The delay backends' objects are `crate::delay::delete`'s.
+        // Lanes are numbered from 0 without gaps: delete up to the first
+        // missing one.
+        for k in 0..lanes::BUCKETS {
+            let lane = self.lane(k);
+            if !matches!(exists(conn, &lane).await, Ok(true)) {
+                break;
+            }
+            ch.queue_delete(lane.as_str().into(), Default::default())
+                .await?;
+        }
+        for marker in self.laid_markers() {
+            ch.exchange_delete(marker.as_str().into(), Default::default())
+                .await?;
+        }
         for q in [
             &self.work,
             &self.dead,
@@ -161,6 +212,8 @@ impl Topology {
         }
         for x in [
             &self.intake,
+            &self.lanes_exchange,
+            &self.lanes_default(),
             &self.events,
             &crate::history::stream_name(&self.prefix),
         ] {
@@ -176,26 +229,13 @@ impl Topology {
         ready_count(ch, &self.dead).await
     }
 
-    /// Ready messages in the work queue, the backlog (passive declare).
+    /// Ready messages in the lanes, the backlog (passive declares).
     pub async fn work_count(&self, ch: &Channel) -> Result<u32, lapin::Error> {
-        ready_count(ch, &self.work).await
-    }
-
-    pub(crate) async fn bind(
-        &self,
-        ch: &Channel,
-        exchange: &str,
-        key: &str,
-    ) -> Result<(), TopologyError> {
-        ch.queue_bind(
-            self.work.as_str().into(),
-            exchange.into(),
-            key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| classify("binding to", exchange, e))
+        let mut n = 0;
+        for lane in self.lane_names() {
+            n += ready_count(ch, &lane).await?;
+        }
+        Ok(n)
     }
 }
 

@@ -1,0 +1,244 @@
+//! Lanes: raw producers' keys, retries back to the lane, and the move from
+//! the single work queue of an earlier build (or another lane count) with
+//! nothing lost. Real worker, real broker, real HTTP receiver.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::harness::{schedule_settings, wait_until};
+use common::receiver::{Receiver, Reply};
+use common::TestApp;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+use redeliver::delay::DelayBackend;
+
+/// Publishes `payloads` to `exchange` with `key`, confirms pipelined.
+async fn publish_raw(app: &TestApp, exchange: &str, key: &str, payloads: &[String]) {
+    let conn = common::connect(&app.url).await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for chunk in payloads.chunks(500) {
+        let mut pending = Vec::new();
+        for p in chunk {
+            // delivery_mode 2: persistent, as every producer should.
+            let props = BasicProperties::default().with_delivery_mode(2);
+            let opts = BasicPublishOptions::default();
+            let sent = ch.basic_publish(exchange.into(), key.into(), opts, p.as_bytes(), props);
+            pending.push(sent.await.expect("publish"));
+        }
+        for c in pending {
+            assert!(c.await.expect("confirm").is_ack(), "nacked");
+        }
+    }
+    let _ = conn.close(200, "".into()).await;
+}
+
+fn notification(url: &str, id: &str) -> String {
+    format!(r#"{{"url":"{url}","id":"{id}","body":{{}}}}"#)
+}
+
+/// Raw producers publish to the intake with any routing key: none, one
+/// of their own, a bucket that does not exist, a bucket of another lane.
+/// Each arrives, and its retry comes back (the first attempt fails).
+async fn any_routing_key_from_a_raw_producer_arrives(backend: DelayBackend) {
+    let app = TestApp::new("rawkey", backend);
+    let rx = Receiver::start(|r| match r.nth {
+        1 => Reply::status(500),
+        _ => Reply::status(200),
+    })
+    .await;
+    let w = app.spawn_worker(schedule_settings("300ms", 3, 4));
+    assert!(
+        app.wait_consumers("work").await,
+        "the worker consumes every lane"
+    );
+    let keys = ["", "orders", "bucket.99", "bucket.3", "bucket.x"];
+    for (i, key) in keys.iter().enumerate() {
+        let n = notification(&rx.url(&format!("/{i}")), &format!("raw-{i}"));
+        publish_raw(&app, &app.name("notifications"), key, &[n]).await;
+    }
+    let delivered = || rx.requests().iter().filter(|r| r.reply == 200).count();
+    assert!(
+        wait_until(Duration::from_secs(20), || delivered() == keys.len()).await,
+        "delivered {} of {}: {:?}",
+        delivered(),
+        keys.len(),
+        rx.count_by_id()
+    );
+    assert!(
+        rx.count_by_id().values().all(|&n| n == 2),
+        "{:?}",
+        rx.count_by_id()
+    );
+    w.stop().await;
+    assert_eq!(app.queue_len("work").await, 0, "every lane is empty");
+}
+
+/// A prefix with the single work queue of an earlier build, 10,000
+/// notifications waiting in it (and, with the plugin, a copy delayed
+/// with the old queue's name as its key): a worker with lanes drains it
+/// and delivers every one; once it is empty, a worker that starts no
+/// longer consumes it, and `status` shows it for the operator to delete.
+async fn the_single_work_queue_is_drained_into_the_lanes(backend: DelayBackend) {
+    const N: usize = 10_000;
+    let app = TestApp::new("migrate", backend);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let old = app.name("work");
+    old_layout(&app, &old).await;
+    let ids: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+    let payloads: Vec<String> = ids
+        .iter()
+        .map(|id| notification(&rx.url("/m"), id))
+        .collect();
+    publish_raw(&app, "", &old, &payloads).await;
+    let w = app.spawn_worker(schedule_settings("300ms", 3, 32));
+    if backend == DelayBackend::Plugin {
+        // Declared by the worker's session: wait for its consumers.
+        assert!(app.wait_consumers("work").await);
+        let late = [notification(&rx.url("/late"), "late")];
+        let mut h = FieldTable::default();
+        // x-delay: 1 s, a copy made by the earlier build before the upgrade.
+        h.insert("x-delay".into(), AMQPValue::LongLongInt(1_000));
+        publish_delayed(&app, &app.name("retry"), &old, &late[0], h).await;
+    }
+    let want = N + usize::from(backend == DelayBackend::Plugin);
+    let got = || rx.count_by_id().len();
+    assert!(
+        wait_until(Duration::from_secs(120), || got() >= want).await,
+        "delivered {} of {want}",
+        got()
+    );
+    w.stop().await;
+    let seen: HashSet<String> = rx.count_by_id().into_keys().collect();
+    assert!(ids.iter().all(|id| seen.contains(id)), "every one arrived");
+    assert_eq!(
+        common::harness::queue_counts(&app.url, &old)
+            .await
+            .map(|c| c.0),
+        Some(0)
+    );
+    let again = app.spawn_worker(schedule_settings("300ms", 3, 4));
+    assert!(app.wait_consumers("work").await);
+    let left = common::harness::queue_counts(&app.url, &old).await;
+    assert_eq!(left, Some((0, 0)), "empty, and no longer consumed");
+    again.stop().await;
+    let status = app.cli(&["status", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(s["lanes"]["legacy"]["name"], old.as_str(), "{s}");
+    assert_eq!(s["lanes"]["lanes"].as_array().map(Vec::len), Some(8), "{s}");
+}
+
+/// The objects of a build before lanes: the intake fanout bound to one
+/// quorum work queue.
+async fn old_layout(app: &TestApp, work: &str) {
+    let conn = common::connect(&app.url).await;
+    let ch = conn.create_channel().await.expect("channel");
+    let opts = lapin::options::ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let intake = app.name("notifications");
+    ch.exchange_declare(
+        intake.as_str().into(),
+        lapin::ExchangeKind::Fanout,
+        opts,
+        FieldTable::default(),
+    )
+    .await
+    .expect("intake");
+    let q = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(work.into(), q, args)
+        .await
+        .expect("old work queue");
+    ch.queue_bind(
+        work.into(),
+        intake.as_str().into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("old binding");
+    let _ = conn.close(200, "".into()).await;
+}
+
+async fn publish_delayed(app: &TestApp, exchange: &str, key: &str, payload: &str, h: FieldTable) {
+    let conn = common::connect(&app.url).await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(h);
+    let sent = ch.basic_publish(
+        exchange.into(),
+        key.into(),
+        Default::default(),
+        payload.as_bytes(),
+        props,
+    );
+    assert!(sent
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm")
+        .is_ack());
+    let _ = conn.close(200, "".into()).await;
+}
+
+/// Notifications waiting in 8 lanes; a worker with `--lanes 3` binds the
+/// buckets to its 3 lanes, drains the other 5 and delivers every one.
+async fn fewer_lanes_drain_the_others(backend: DelayBackend) {
+    const N: usize = 600;
+    let app = TestApp::new("fewer", backend);
+    let rx = Receiver::start(|_| Reply::status(200)).await;
+    let ids: Vec<String> = (0..N).map(|i| format!("f{i}")).collect();
+    let payloads: Vec<String> = ids
+        .iter()
+        .map(|id| notification(&rx.url(&format!("/{id}")), id))
+        .collect();
+    // Published through the library's topology: lanes of the default count.
+    let b = app.broker();
+    let conn = b.url.connect("test").await.expect("connect");
+    redeliver::delay::declare_topology(&b, &conn)
+        .await
+        .expect("declare");
+    let _ = conn.close(200, "".into()).await;
+    // Spread over every bucket, as many endpoints' hashes would be.
+    for b in 0..64 {
+        let some: Vec<String> = payloads.iter().skip(b).step_by(64).cloned().collect();
+        publish_raw(&app, &app.name("lanes"), &format!("bucket.{b}"), &some).await;
+    }
+    let mut s = schedule_settings("300ms", 3, 16);
+    s.lanes = 3;
+    let w = app.spawn_worker(s);
+    let got = || rx.count_by_id().len();
+    assert!(
+        wait_until(Duration::from_secs(60), || got() >= N).await,
+        "delivered {} of {N}",
+        got()
+    );
+    w.stop().await;
+    let seen: HashSet<String> = rx.count_by_id().into_keys().collect();
+    assert!(ids.iter().all(|id| seen.contains(id)));
+}
+
+both_backends!(
+    any_routing_key_from_a_raw_producer_arrives,
+    the_single_work_queue_is_drained_into_the_lanes,
+    fewer_lanes_drain_the_others,
+);
