@@ -55,10 +55,17 @@ async fn collect_work(b: &BrokerSettings, n: usize, within: Duration) -> BTreeMa
     let conn = b.url.connect("cascade consumer").await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.basic_qos(500, Default::default()).await.unwrap();
-    // Every lane, on one channel: the delays' copies come back to theirs.
+    // Every lane there is, on one channel: the delays' copies come back to
+    // theirs (lane 0 alone when no worker has laid the others).
     let t = redeliver::topology::Topology::new(&b.prefix);
     let mut streams = Vec::new();
     for lane in t.lane_names() {
+        if common::harness::queue_counts(b.url.expose().as_str(), &lane)
+            .await
+            .is_none()
+        {
+            continue;
+        }
         let c = ch
             .basic_consume(
                 lane.as_str().into(),
@@ -138,7 +145,7 @@ async fn accuracy(backend: DelayBackend) {
     // The work queue is the collector's, so the cascade's short delays get
     // a holder of their own rather than a worker's.
     let holder = (backend == CASCADE).then(|| app.spawn_holder());
-    assert!(app.wait_consumers("work").await, "the collector consumes");
+    assert!(app.wait_consumers("work.0").await, "the collector consumes");
     if holder.is_some() {
         assert!(app.wait_consumers("cascade.hold").await, "the holder holds");
     }

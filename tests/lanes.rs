@@ -211,10 +211,11 @@ async fn fewer_lanes_drain_the_others(backend: DelayBackend) {
         .iter()
         .map(|id| notification(&rx.url(&format!("/{id}")), id))
         .collect();
-    // Published through the library's topology: lanes of the default count.
+    // Laid for 8 lanes, as a worker with the default would.
     let b = app.broker();
     let conn = b.url.connect("test").await.expect("connect");
-    redeliver::delay::declare_topology(&b, &conn)
+    let eight = Some(redeliver::config::DEFAULT_LANES);
+    redeliver::delay::declare_topology_with(&b, &conn, eight)
         .await
         .expect("declare");
     let _ = conn.close(200, "".into()).await;
@@ -237,7 +238,136 @@ async fn fewer_lanes_drain_the_others(backend: DelayBackend) {
     assert!(ids.iter().all(|id| seen.contains(id)));
 }
 
+/// A receiver whose origin is in another lane than `other`'s.
+async fn receiver_beside(
+    app: &TestApp,
+    other: &Receiver,
+    reply: fn(&common::receiver::Recorded) -> Reply,
+) -> Receiver {
+    loop {
+        let rx = Receiver::start(reply).await;
+        if app.lane_for(&rx.url("/")) != app.lane_for(&other.url("/")) {
+            return rx;
+        }
+    }
+}
+
+/// A counter's value from a worker's `/metrics`: the sum of its series
+/// that have every one of `labels`.
+async fn counter(admin: u16, name: &str, labels: &[&str]) -> f64 {
+    let url = format!("http://127.0.0.1:{admin}/metrics");
+    let text = reqwest::get(url)
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|s| l.contains(s)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// 1,000 notifications to a healthy receiver beside 100 to one that
+/// answers 500 after 300 ms, drained by a `redeliver run` on default
+/// flags: returns the single ack frames it sent on the healthy one's lane.
+async fn single_acks(
+    app: &TestApp,
+    healthy: &Receiver,
+    bad: Option<&Receiver>,
+    lanes: &str,
+) -> f64 {
+    // The backlog first, so the worker drains it at its own pace (published
+    // while it consumes, each delivery would arrive, and be acked, alone).
+    let mut all = Vec::new();
+    for i in 0..1_000 {
+        all.push(notification(&healthy.url("/ok"), &format!("h{i}")));
+        match bad {
+            Some(bad) if i % 10 == 0 => all.push(notification(&bad.url("/bad"), &format!("b{i}"))),
+            _ => {}
+        }
+    }
+    let b = app.broker();
+    let conn = b.url.connect("test").await.expect("connect");
+    let n = lanes.parse().ok();
+    redeliver::delay::declare_topology_with(&b, &conn, n)
+        .await
+        .expect("lanes laid");
+    let _ = conn.close(200, "".into()).await;
+    app.publish(&all).await;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut worker = app
+        .command()
+        .args(["run", "--lanes", lanes, "--admin-addr"])
+        .arg(format!("127.0.0.1:{admin}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redeliver run");
+    let done = wait_until(Duration::from_secs(90), || {
+        healthy.count_by_id().len() >= 1_000
+    })
+    .await;
+    let lane = match lanes {
+        "1" => app.name("work.0"),
+        _ => app.name(&app.lane_for(&healthy.url("/"))),
+    };
+    let lane = format!("queue=\"{lane}\"");
+    let single = "kind=\"single\"";
+    let singles = counter(admin, "redeliver_ack_frames_total", &[single, &lane]).await;
+    worker.kill().expect("stop the worker");
+    let _ = worker.wait();
+    assert!(
+        done,
+        "{} of 1000 healthy delivered",
+        healthy.count_by_id().len()
+    );
+    singles
+}
+
+/// A bad endpoint beside a healthy one in another lane: the healthy one's
+/// deliveries are acked in runs (multiple frames), where with one lane
+/// each went alone behind the bad one's open tags.
+async fn a_bad_endpoint_leaves_another_lanes_acks_multiple(backend: DelayBackend) {
+    let bad_reply =
+        |_: &common::receiver::Recorded| Reply::status(500).delay(Duration::from_millis(300));
+    let ok_reply = |_: &common::receiver::Recorded| Reply::status(200);
+    // Each case on a prefix and receivers of its own.
+    let case = async |name: &str, lanes: &str, with_bad: bool| {
+        let app = TestApp::new(name, backend);
+        let healthy = Receiver::start(ok_reply).await;
+        let bad = receiver_beside(&app, &healthy, bad_reply).await;
+        single_acks(&app, &healthy, Some(&bad).filter(|_| with_bad), lanes).await
+    };
+    let alone = case("acks-alone", "8", false).await;
+    let one_lane = case("acks-one", "1", true).await;
+    let lanes = case("acks-eight", "8", true).await;
+    println!(
+        "single ack frames on the healthy endpoint's lane, 1,000 deliveries: \
+         alone {alone}; beside a bad endpoint: one lane {one_lane}, eight lanes {lanes}"
+    );
+    // Beside the bad endpoint with one lane, its acks go alone; with lanes
+    // they go as when it is alone (allowing for a noisy machine).
+    assert!(
+        one_lane >= 900.0,
+        "one lane: {one_lane} single, the old cost"
+    );
+    assert!(
+        lanes <= alone * 1.5 + 150.0,
+        "eight lanes: {lanes} single, against {alone} alone"
+    );
+    assert!(
+        lanes * 1.5 < one_lane,
+        "{lanes} against {one_lane} with one lane"
+    );
+}
+
 both_backends!(
+    a_bad_endpoint_leaves_another_lanes_acks_multiple,
     any_routing_key_from_a_raw_producer_arrives,
     the_single_work_queue_is_drained_into_the_lanes,
     fewer_lanes_drain_the_others,

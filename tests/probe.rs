@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use common::app::TestApp;
 use common::chaos::Fleet;
 use common::events::{assert_schema, count, Sink};
+use common::harness::wait_until_async;
 use common::metrics::{run_with_admin, wait_metric};
 use common::receiver::{Receiver, Reply};
 use redeliver::delay::DelayBackend;
@@ -260,6 +261,17 @@ async fn a_cascade_stage_deleted_by_hand_is_reported_the_same_way() {
     // The probe's second stage, gone: what expires from stage 2 has no
     // route, and at-least-once dead-lettering keeps it there.
     let stage = app.name("cascade.1.1");
+    // The worker's declare may still be under way (its gauge reads 0 from
+    // the start): delete the stage once it exists.
+    let declared = async || {
+        common::harness::queue_counts(&app.url, &stage)
+            .await
+            .is_some()
+    };
+    assert!(
+        wait_until_async(Duration::from_secs(30), declared).await,
+        "{stage} declared"
+    );
     common::ctl(
         common::default_port(),
         &["rabbitmqctl", "delete_queue", &stage],

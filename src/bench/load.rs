@@ -43,7 +43,9 @@ pub async fn preload(
     )
 }
 
-/// Declares `prefix`'s topology and opens a publisher on it.
+/// Declares `prefix`'s topology, its lanes laid for the default count as
+/// the bench's workers lay them (a producer alone sends everything to
+/// lane 0 until a worker has), and opens a publisher on it.
 async fn publisher_for(
     conn: &Connection,
     broker: &BrokerSettings,
@@ -53,7 +55,8 @@ async fn publisher_for(
         prefix: prefix.to_string(),
         ..broker.clone()
     };
-    let t = crate::delay::declare_topology(&b, conn).await?;
+    let lanes = Some(crate::config::DEFAULT_LANES);
+    let t = crate::delay::declare_topology_with(&b, conn, lanes).await?;
     Ok(Publisher::new(conn, t, b.delay, Duration::from_secs(60)).await?)
 }
 

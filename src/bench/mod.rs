@@ -22,6 +22,7 @@ mod history_cost;
 mod history_index;
 mod horizontal;
 mod ideal;
+mod ideal_loop;
 mod load;
 mod noisy;
 mod options;

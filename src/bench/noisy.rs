@@ -18,6 +18,7 @@ use super::options::Phase;
 use super::pairs::{median, Spread};
 use super::phases::Bench;
 use super::sink::Mode;
+use crate::topology::lanes;
 
 /// How the bad endpoint misbehaves.
 #[derive(Clone, Copy, Debug)]
@@ -50,9 +51,22 @@ struct BadSink {
     stop: CancellationToken,
 }
 
+/// The lane (of the default count) notifications to `url` travel in.
+fn lane_of_url(url: &str) -> u16 {
+    let key = url::Url::parse(url).map_or_else(|_| String::new(), |u| lanes::key_for_url(&u));
+    lanes::lane_of_key(&key, lanes::DEFAULT_LANES)
+}
+
 impl BadSink {
-    async fn start(bad: Bad) -> std::io::Result<BadSink> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// A bad endpoint on a port whose lane is not `healthy`'s: the phase
+    /// measures a bad neighbour in another lane, which is what lanes
+    /// isolate (one that hashes to the healthy one's lane, one time in
+    /// eight with the default, costs what one queue did; `docs/lanes.md`).
+    async fn start(bad: Bad, healthy: &str) -> std::io::Result<BadSink> {
+        let mut listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        while lane_of_url(&format!("http://{}/", listener.local_addr()?)) == lane_of_url(healthy) {
+            listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        }
         let label = listener.local_addr()?.to_string();
         let stop = CancellationToken::new();
         if matches!(bad, Bad::Refuse) {
@@ -113,6 +127,8 @@ struct Cost {
     waits: f64,
     republished: f64,
     single_acks: f64,
+    /// Those sent on the healthy endpoint's lane.
+    own_lane_single_acks: f64,
     worker_cpu_s: f64,
     broker_cpu_s: f64,
 }
@@ -129,6 +145,7 @@ impl Cost {
             waits: m(|c| c.waits),
             republished: m(|c| c.republished),
             single_acks: m(|c| c.single_acks),
+            own_lane_single_acks: m(|c| c.own_lane_single_acks),
             worker_cpu_s: m(|c| c.worker_cpu_s),
             broker_cpu_s: m(|c| c.broker_cpu_s),
         }
@@ -196,6 +213,8 @@ impl Bench {
         self.push(p, name, Some(c.republished * per_10k), "n");
         let name = format!("{what}: single ack frames per 10,000 healthy");
         self.push(p, name, Some(c.single_acks * per_10k), "n");
+        let name = format!("{what}: of them on the healthy endpoint's lane");
+        self.push(p, name, Some(c.own_lane_single_acks * per_10k), "n");
         let name = format!("{what}: worker CPU per 10,000 healthy");
         self.push(p, name, Some(c.worker_cpu_s * per_10k), "s");
         let name = format!("{what}: broker CPU per 10,000 healthy");
@@ -209,7 +228,7 @@ impl Bench {
         let healthy = self.sizes.noisy_n;
         self.sink.reset(Mode::default());
         let bad_sink = match bad {
-            Some(b) => Some(BadSink::start(b).await?),
+            Some(b) => Some(BadSink::start(b, &self.sink.url("/ok")).await?),
             None => None,
         };
         let ok_url = self.sink.url("/ok");
@@ -274,6 +293,10 @@ impl Bench {
             ..Cost::default()
         };
         cost.single_acks = metric(admin, ACK_FRAMES, "kind=\"single\"").await as f64;
+        let t = crate::topology::Topology::new(prefix);
+        let own = format!("queue=\"{}\"", t.lane(lane_of_url(&self.sink.url("/ok"))));
+        let series = ["kind=\"single\"", own.as_str()];
+        cost.own_lane_single_acks = metric_all(admin, ACK_FRAMES, &series).await as f64;
         let attempts = match bad {
             Some(b) => {
                 let series = format!("endpoint=\"{}\"", b.label);
@@ -313,13 +336,18 @@ const REPUBLISHED: &str = crate::telemetry::REPUBLISHED_DEFERRALS;
 /// endpoint's label, say: every deferral reason; `""`: all), from the
 /// worker's `/metrics`; 0 when unreadable.
 async fn metric(admin: u16, name: &str, series: &str) -> u64 {
+    metric_all(admin, name, &[series]).await
+}
+
+/// [`metric`] over the series that have every one of `labels`.
+async fn metric_all(admin: u16, name: &str, labels: &[&str]) -> u64 {
     let text = match reqwest::get(format!("http://127.0.0.1:{admin}/metrics")).await {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => return 0,
     };
     let sum: f64 = text
         .lines()
-        .filter(|l| l.starts_with(name) && l.contains(series))
+        .filter(|l| l.starts_with(name) && labels.iter().all(|s| l.contains(s)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     sum as u64

@@ -175,7 +175,7 @@ impl DelayBackend {
         conn: &Connection,
         ch: &Channel,
         t: &Topology,
-        laid: bool,
+        laid: Option<bool>,
     ) -> Result<(), TopologyError> {
         match self {
             DelayBackend::Plugin => {
@@ -199,16 +199,16 @@ impl DelayBackend {
                 .await
                 .map_err(|e| classify("exchange", &t.retry, e))?;
                 // Due messages route to the lanes by their bucket key,
-                // bound when the lanes are (see `Topology::declare_lanes`).
-                match laid {
-                    true => t.lay_plugin_exit(conn, ch).await,
-                    false => Ok(()),
-                }
+                // bound by the workers (see `Topology::declare_lanes`).
+                t.lay_plugin_exit(conn, ch, laid).await
             }
             DelayBackend::Cascade => {
                 crate::delay::cascade::declare(ch, t).await?;
                 let out = crate::delay::cascade::out(t);
-                t.release_work_queue(conn, ch, &out, "").await
+                match laid {
+                    Some(_) => t.release_work_queue(conn, ch, &out, "").await,
+                    None => Ok(()),
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 //! queue's leader and members are. Every call is best effort: `None` when
 //! the API is not reachable or does not report the field.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -101,6 +101,22 @@ impl Api {
         });
         let all = self.get("overview?columns=listeners").await?;
         node_listening(all.get("listeners")?.as_array()?, host, port)
+    }
+
+    /// How many `run` workers of `prefix` each node serves: their
+    /// connections, named `redeliver run <prefix>`, by node.
+    pub async fn workers_by_node(&self, prefix: &str) -> BTreeMap<String, u32> {
+        let name = format!("redeliver run {prefix}");
+        let mut by = BTreeMap::new();
+        let all = self.get("connections?columns=node,client_properties").await;
+        for c in all.as_ref().and_then(Value::as_array).into_iter().flatten() {
+            let named = c.pointer("/client_properties/connection_name");
+            if named.and_then(Value::as_str) == Some(name.as_str()) {
+                let node = c.get("node").and_then(Value::as_str).unwrap_or("?");
+                *by.entry(node.to_string()).or_insert(0) += 1;
+            }
+        }
+        by
     }
 
     /// The cluster's nodes (disc and RAM), running or not.

@@ -52,13 +52,15 @@ fn lanes(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
             leader.unwrap_or("?")
         )?;
     }
-    if !s.lane_leaders.is_empty() {
-        let each: Vec<String> = s
-            .lane_leaders
-            .iter()
-            .map(|(n, c)| format!("{n} {c}"))
-            .collect();
-        writeln!(out, "lane leaders   {}", each.join(", "))?;
+    let per_node = [
+        ("lane leaders", &s.lane_leaders),
+        ("workers", &s.workers_by_node),
+    ];
+    for (label, by) in per_node {
+        if !by.is_empty() {
+            let each: Vec<String> = by.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            writeln!(out, "{label:<14} {}", each.join(", "))?;
+        }
     }
     Ok(())
 }

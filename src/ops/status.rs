@@ -43,6 +43,9 @@ pub struct Status {
     pub lanes: LanesStatus,
     /// How many lanes each node leads (from the management API).
     pub lane_leaders: std::collections::BTreeMap<String, u32>,
+    /// How many `run` workers of this prefix each node serves (from the
+    /// management API).
+    pub workers_by_node: std::collections::BTreeMap<String, u32>,
     pub dead: QueueStatus,
     pub delay_backend: &'static str,
     /// Whether the broker has the `x-delayed-message` exchange type.
@@ -149,6 +152,7 @@ pub async fn status(
         work: sum(&broker.prefix, &lanes),
         lanes,
         lane_leaders: Default::default(),
+        workers_by_node: Default::default(),
         dead,
         hold,
         delay_backend: broker.delay.as_str(),
@@ -178,6 +182,7 @@ async fn add_management(s: &mut Status, api: &Api, t: &Topology) {
     }
     s.work = sum(&s.prefix, &s.lanes);
     s.lane_leaders = leaders(&s.lanes);
+    s.workers_by_node = api.workers_by_node(&t.prefix).await;
     s.plugin_delayed = api.u64("exchanges", &t.retry, "messages_delayed").await;
     events_status::add_management(&mut s.events, api).await;
     for q in &s.cascade {

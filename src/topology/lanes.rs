@@ -88,6 +88,26 @@ pub fn lane_of_key(key: &str, lanes: u16) -> u16 {
         .map_or(0, |b| lane_of(b, lanes))
 }
 
+/// A bucket and the lane it is bound to.
+pub type Binding = (u16, u16);
+
+/// What laying the buckets for `lanes` lanes changes, when they were laid
+/// for `before` lanes (`None`: never): each bucket bound to its new lane,
+/// then unbound from the old one where that differs, as (bucket, lane).
+/// Pure, so a change of `--lanes` is planned (and tested) apart from the
+/// AMQP calls that make it.
+pub fn relay_plan(before: Option<u16>, lanes: u16) -> (Vec<Binding>, Vec<Binding>) {
+    let bind = (0..BUCKETS).map(|b| (b, lane_of(b, lanes))).collect();
+    let unbind = match before {
+        Some(old) if old != lanes => (0..BUCKETS)
+            .map(|b| (b, lane_of(b, old)))
+            .filter(|&(b, lane)| lane != lane_of(b, lanes))
+            .collect(),
+        _ => Vec::new(),
+    };
+    (bind, unbind)
+}
+
 /// Whether `key` is one of the [`BUCKETS`] bucket keys.
 pub fn is_bucket_key(key: &str) -> bool {
     key.strip_prefix("bucket.")
@@ -152,6 +172,25 @@ mod tests {
             assert!(!is_bucket_key(key), "{key}");
         }
         assert!(is_bucket_key("bucket.63") && !is_bucket_key("bucket.07"));
+    }
+
+    #[test]
+    fn a_new_lane_count_binds_every_bucket_and_unbinds_only_the_moved() {
+        let (bind, unbind) = relay_plan(None, 8);
+        assert_eq!(bind.len(), 64);
+        assert!(unbind.is_empty(), "nothing was laid before");
+        assert!(
+            relay_plan(Some(8), 8).1.is_empty(),
+            "the same count moves nothing"
+        );
+        let (bind, unbind) = relay_plan(Some(8), 3);
+        assert!(bind.iter().all(|&(b, lane)| lane == b % 3));
+        // Every bucket whose lane changes leaves its old lane, no other.
+        for b in 0..64 {
+            let moved = b % 8 != b % 3;
+            assert_eq!(unbind.contains(&(b, b % 8)), moved, "bucket {b}");
+        }
+        assert_eq!(unbind.len(), (0..64).filter(|b| b % 8 != b % 3).count());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
-use super::lanes::{bucket_key, lane_of, BUCKETS};
+use super::lanes::{bucket_key, relay_plan, BUCKETS, DEFAULT_LANES};
 use super::{channel, classify, exists, work_args, QueueType, Topology, TopologyError};
 
 /// A queue no route feeds any more that may still hold notifications.
@@ -41,21 +41,23 @@ fn durable() -> ExchangeDeclareOptions {
 }
 
 impl Topology {
-    /// Declares the lanes exchange, its alternate, the lanes and the
-    /// intake's binding to them. `lay`: lay the bucket bindings for this
-    /// topology's lane count whatever an earlier declare laid (a worker);
-    /// otherwise only on a prefix whose last declare did not complete (a
-    /// producer, which must not undo the workers' `--lanes`). Returns
-    /// whether it laid them, so the delay backend's exit is laid alike.
+    /// Declares the lanes exchange, its alternate and lane 0, which takes
+    /// every key no binding matches. `lay` (a worker): also the other lanes,
+    /// the bucket bindings for this topology's lane count, and the move of
+    /// the intake from the single work queue of an earlier build to the
+    /// lanes. A producer (`!lay`) lays no bucket: until a worker has, every
+    /// notification goes to lane 0 through the alternate, so a producer
+    /// never undoes the workers' `--lanes`, whichever declares first. On a
+    /// prefix with the old queue it leaves the intake on it, for the old
+    /// workers until new ones take over. Returns, when it laid, whether the
+    /// lanes exchange was new (see [`Topology::lay_buckets`]).
     pub(super) async fn declare_lanes(
         &self,
         conn: &Connection,
         ch: &Channel,
         queue_type: QueueType,
         lay: bool,
-    ) -> Result<bool, TopologyError> {
-        // `crate::delay::marker`: declared last by every whole declare.
-        let complete = exchange_exists(conn, &format!("{}.declared", self.prefix)).await?;
+    ) -> Result<Option<bool>, TopologyError> {
         let fresh = !exchange_exists(conn, &self.lanes_exchange).await?;
         let default = self.lanes_default();
         declare_exchange(ch, &default, ExchangeKind::Fanout, FieldTable::default()).await?;
@@ -67,10 +69,8 @@ impl Topology {
             AMQPValue::LongString(default.as_str().into()),
         );
         declare_exchange(ch, &self.lanes_exchange, ExchangeKind::Direct, args).await?;
-        if !(lay || fresh || !complete) {
-            return Ok(false);
-        }
-        for k in 0..self.lanes {
+        let count = if lay { self.lanes } else { 1 };
+        for k in 0..count {
             let lane = self.lane(k);
             if !exists(conn, &lane).await? {
                 ch.queue_declare(lane.as_str().into(), durable_queue(), lane_args(queue_type))
@@ -79,53 +79,59 @@ impl Topology {
             }
         }
         bind_queue(ch, &self.lane(0), &default, "").await?;
-        // The intake fans out to the lanes exchange, which routes by key.
-        ch.exchange_bind(
-            self.lanes_exchange.as_str().into(),
-            self.intake.as_str().into(),
-            "".into(),
-            ExchangeBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| classify("binding to", &self.intake, e))?;
-        self.lay_buckets(conn, ch, &self.lanes_exchange).await?;
-        if exists(conn, &self.work).await? {
+        let old = exists(conn, &self.work).await?;
+        if lay || !old {
+            // The intake fans out to the lanes exchange, which routes by key.
+            ch.exchange_bind(
+                self.lanes_exchange.as_str().into(),
+                self.intake.as_str().into(),
+                "".into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| classify("binding to", &self.intake, e))?;
+        }
+        if !lay {
+            return Ok(None);
+        }
+        self.lay_buckets(conn, ch, (&self.lanes_exchange, fresh))
+            .await?;
+        if old {
             // The single work queue of an earlier build: nothing new goes
             // there; the workers drain it (see [`Topology::leftovers`]).
             unbind_queue(ch, &self.work, &self.intake, "").await?;
         }
-        Ok(true)
+        Ok(Some(fresh))
     }
 
-    /// Binds each bucket key on `exchange` to its lane and unbinds it from
-    /// the other lanes that exist, unless already laid for this lane count.
+    /// Binds each bucket key on `exchange` to its lane for this lane count
+    /// and unbinds the buckets that moved from their lane of the count laid
+    /// before ([`relay_plan`]), unless already laid for this count. `fresh`:
+    /// the lanes exchange was just created, so nothing was laid before.
     pub(crate) async fn lay_buckets(
         &self,
         conn: &Connection,
         ch: &Channel,
-        exchange: &str,
+        (exchange, fresh): (&str, bool),
     ) -> Result<(), TopologyError> {
         let marker = laid_marker(exchange, self.lanes);
         if exchange_exists(conn, &marker).await? {
             return Ok(());
         }
-        let others = self.leftover_lanes(conn).await?;
-        for b in 0..BUCKETS {
-            let home = lane_of(b, self.lanes);
-            bind_queue(ch, &self.lane(home), exchange, &bucket_key(b)).await?;
+        let before = match fresh {
+            true => None,
+            false => laid_before(conn, exchange).await?,
+        };
+        let (bind, unbind) = relay_plan(before, self.lanes);
+        for (b, lane) in bind {
+            bind_queue(ch, &self.lane(lane), exchange, &bucket_key(b)).await?;
         }
-        for b in 0..BUCKETS {
-            let home = lane_of(b, self.lanes);
-            let lanes = (0..self.lanes).map(|k| self.lane(k));
-            for lane in lanes.chain(others.iter().cloned()) {
-                if lane != self.lane(home) {
-                    unbind_queue(ch, &lane, exchange, &bucket_key(b)).await?;
-                }
-            }
+        for (b, lane) in unbind {
+            unbind_queue(ch, &self.lane(lane), exchange, &bucket_key(b)).await?;
         }
-        for n in (1..=BUCKETS).filter(|&n| n != self.lanes) {
-            let name = laid_marker(exchange, n);
+        if let Some(old) = before {
+            let name = laid_marker(exchange, old);
             let gone = ch.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default());
             gone.await.map_err(|e| classify("exchange", &name, e))?;
         }
@@ -133,19 +139,25 @@ impl Topology {
     }
 
     /// The plugin's exchange routes a due copy by its bucket key, like the
-    /// lanes exchange, so it gets the same bindings. Copies delayed by an
-    /// earlier build carry the single work queue's name as their key: lane
-    /// 0 takes that key over before the old queue lets go of it.
+    /// lanes exchange, so a worker (`lay`) gives it the same bindings. Lane
+    /// 0 takes the single work queue's name as a key, the one copies delayed
+    /// by an earlier build carry, and producers use ([`Topology::work`]),
+    /// before the old queue lets go of it; and the empty key, a copy's
+    /// whose URL has no origin (the exchange has no alternate).
     pub(crate) async fn lay_plugin_exit(
         &self,
         conn: &Connection,
         ch: &Channel,
+        laid: Option<bool>,
     ) -> Result<(), TopologyError> {
-        self.lay_buckets(conn, ch, &self.retry).await?;
+        if laid.is_none() && exists(conn, &self.work).await? {
+            // The old queue still has the key, until a worker moves it.
+            return Ok(());
+        }
         bind_queue(ch, &self.lane(0), &self.retry, &self.work).await?;
-        // A copy of a notification whose URL has no origin has no bucket:
-        // the exchange has no alternate, so lane 0 takes the empty key.
         bind_queue(ch, &self.lane(0), &self.retry, "").await?;
+        let Some(fresh) = laid else { return Ok(()) };
+        self.lay_buckets(conn, ch, (&self.retry, fresh)).await?;
         self.release_work_queue(conn, ch, &self.retry, &self.work)
             .await
     }
@@ -215,6 +227,18 @@ impl Topology {
         }
         all
     }
+}
+
+/// The lane count `exchange`'s buckets were laid for, if any: its marker,
+/// looked for at the default count first.
+async fn laid_before(conn: &Connection, exchange: &str) -> Result<Option<u16>, TopologyError> {
+    let others = (1..=BUCKETS).filter(|&n| n != DEFAULT_LANES);
+    for n in std::iter::once(DEFAULT_LANES).chain(others) {
+        if exchange_exists(conn, &laid_marker(exchange, n)).await? {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
 }
 
 /// The marker saying `exchange`'s bucket bindings are laid for `lanes`.

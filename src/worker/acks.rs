@@ -143,11 +143,18 @@ impl Acks {
     /// dropped (its consumer retired and every delivery settled), the task
     /// sends everything asked for, then closes the channel, which returns
     /// anything still unacked there; unless `ending` is set: the session's
-    /// end closes the connection, and every channel with it.
-    pub(super) fn start(channel: Channel, tracker: &TaskTracker, ending: Arc<AtomicBool>) -> Acks {
+    /// end closes the connection, and every channel with it. `queue`
+    /// labels its frames in `redeliver_ack_frames_total`: per lane, an
+    /// operator sees which lane's acks go alone.
+    pub(super) fn start(
+        channel: Channel,
+        tracker: &TaskTracker,
+        ending: Arc<AtomicBool>,
+        queue: String,
+    ) -> Acks {
         let (tx, rx) = mpsc::unbounded_channel();
         tracker.spawn(async move {
-            run(&channel, rx).await;
+            run(&channel, rx, &queue).await;
             if ending.load(Ordering::Relaxed) {
                 return;
             }
@@ -166,7 +173,7 @@ impl Acks {
     }
 }
 
-async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
+async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>, queue: &str) {
     let mut book = Book::default();
     let mut batch = Vec::with_capacity(TURN);
     // Since when acks above the floor wait (see `Book::pending`).
@@ -189,7 +196,7 @@ async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
             false => None,
         };
         // Polled in order, so the frames leave in this order.
-        let sent = join_all(frames.iter().map(|f| send(channel, *f))).await;
+        let sent = join_all(frames.iter().map(|f| send(channel, *f, queue))).await;
         if let Some(e) = sent.into_iter().find_map(Result::err) {
             warn!(error = %e, "ack/nack failed; the broker will redeliver");
         }
@@ -199,12 +206,13 @@ async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
     }
 }
 
-async fn send(channel: &Channel, f: Frame) -> Result<(), lapin::Error> {
+async fn send(channel: &Channel, f: Frame, queue: &str) -> Result<(), lapin::Error> {
     match f {
         // multiple: every unacked tag up to `tag`, all settled (see `plan`).
         Frame::Ack { tag, multiple } => {
             let kind = if multiple { "multiple" } else { "single" };
-            metrics::counter!(telemetry::ACK_FRAMES, "kind" => kind).increment(1);
+            let queue = queue.to_string();
+            metrics::counter!(telemetry::ACK_FRAMES, "kind" => kind, "queue" => queue).increment(1);
             channel.basic_ack(tag, BasicAckOptions { multiple }).await
         }
         Frame::Requeue(tag) => channel.basic_nack(tag, crate::amqp::requeue()).await,

@@ -317,7 +317,12 @@ impl Subscriber {
             .await?;
         self.live.fetch_add(1, Ordering::Relaxed);
         let generation = Arc::new(Generation {
-            acks: Acks::start(channel.clone(), &self.ack_tasks, self.ending.clone()),
+            acks: Acks::start(
+                channel.clone(),
+                &self.ack_tasks,
+                self.ending.clone(),
+                self.queues[lane].clone(),
+            ),
             channel,
             tag: consumer.tag().to_string(),
             held: AtomicUsize::new(0),

@@ -173,14 +173,18 @@ async fn session<H: DeliveryHandler>(
     shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
-    let (conn, node) = broker
-        .url
-        .connect_to("redeliver run")
-        .await
-        .map_err(|source| WorkerError::Connect {
-            url: broker.url.redacted(),
-            source,
-        })?;
+    // The connection's name says the prefix: `status` counts each node's
+    // workers by it (`ops::management::Api::workers_by_node`).
+    let name = format!("redeliver run {}", broker.prefix);
+    let (conn, node) =
+        broker
+            .url
+            .connect_to(&name)
+            .await
+            .map_err(|source| WorkerError::Connect {
+                url: broker.url.redacted(),
+                source,
+            })?;
     // Shared with the feed, which opens a channel for each new consumer.
     let conn = Arc::new(conn);
     let result = match Session::open(&conn, &node, broker, settings, handler, shared).await {

@@ -185,13 +185,16 @@ impl TestApp {
 
     /// Ready messages in `<prefix>.<suffix>` (passive declare); panics when
     /// the queue does not exist.
+    /// Ready messages of `<prefix>.<suffix>`; for "work", of every lane
+    /// that exists (a producer declares lane 0 alone, the workers the rest).
     pub async fn queue_len(&self, suffix: &str) -> u32 {
-        let mut n = 0;
+        let mut n = None;
         for queue in self.queues(suffix) {
-            let counts = harness::queue_counts(&self.url, &queue).await;
-            n += counts.unwrap_or_else(|| panic!("{queue} exists")).0;
+            if let Some((ready, _)) = harness::queue_counts(&self.url, &queue).await {
+                n = Some(n.unwrap_or(0) + ready);
+            }
         }
-        n
+        n.unwrap_or_else(|| panic!("{}.{suffix} exists", self.prefix))
     }
 
     /// Waits (up to 15 s) until `<prefix>.<suffix>` exists and has a consumer.

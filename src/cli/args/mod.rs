@@ -43,7 +43,8 @@ pub struct Cli {
 pub struct GlobalArgs {
     /// Broker URL (amqp:// or amqps://), or the comma-separated URLs of
     /// one cluster's nodes: each connection starts at a random one and a
-    /// lost connection tries the next. Passwords are never printed.
+    /// lost connection tries the others in a random order (so the workers of a
+    /// lost node spread over the rest), its old node last. Passwords are never printed.
     /// [default: amqp://guest:guest@127.0.0.1:5672/%2f; for `demo` and
     /// `bench`, the local test node amqp://guest:guest@127.0.0.1:5674/%2f]
     #[arg(

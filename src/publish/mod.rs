@@ -1,7 +1,6 @@
 //! Publishing with publisher confirms: new notifications, retries and dead
 //! letters. Nothing is reported as published until the broker confirmed it.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,13 +8,13 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
-use serde_json::value::RawValue;
 
-use crate::message::redact::REDACTED;
 use crate::message::state::{is_broker_count_header, is_cascade_header};
-use crate::message::trace::TraceContext;
-use crate::message::{self, InvalidMessage};
+use crate::message::InvalidMessage;
 use crate::topology::Topology;
+
+mod prepare;
+pub use prepare::{prepare, Prepared};
 
 /// Where a delayed copy is published. The delay backends (`crate::delay`)
 /// compute it; this module only publishes there, so it never needs to know
@@ -138,9 +137,15 @@ impl Publisher {
                 self.confirmed(&self.topology.intake, &n.key, true, &n.payload, props)
                     .await
             }
+            // Not the bucket key: a producer cannot know the workers have
+            // bound the buckets on the plugin's exchange yet, where an
+            // unbound key is dropped. The single work queue's name is
+            // always bound there, to lane 0 (or, before the workers moved
+            // to lanes, to that queue); the cascade's exit takes it to lane
+            // 0 too. Its retries then go to its bucket's lane.
             Some(d) => {
-                self.delayed(&n.payload, props, &n.key, &mut headers, d)
-                    .await
+                let key = self.topology.work.clone();
+                self.delayed(&n.payload, props, &key, &mut headers, d).await
             }
         }
     }
@@ -360,64 +365,4 @@ pub fn notification_properties(id: &str) -> BasicProperties {
         // delivery_mode 2: persistent, written to disk by the queue.
         .with_delivery_mode(2)
         .with_message_id(id.into())
-}
-
-/// A validated notification ready to publish: its id and exact bytes.
-#[derive(Clone, Debug)]
-pub struct Prepared {
-    pub id: String,
-    pub payload: Vec<u8>,
-    /// W3C trace context for its AMQP headers (`traceparent`,
-    /// `tracestate`): each attempt's span continues it.
-    pub trace: Option<TraceContext>,
-    /// This publish's run (`redeliver-run`), drawn once: sent again, it is the same run.
-    pub run: String,
-    /// Its bucket key, which picks its lane ([`crate::topology::lanes`]).
-    pub key: String,
-}
-
-/// Validates one JSON notification and assigns an id when it has none.
-/// Every other field keeps its exact JSON text.
-pub fn prepare(json: &str, max_bytes: usize) -> Result<Prepared, InvalidMessage> {
-    let mut fields: BTreeMap<String, Box<RawValue>> =
-        serde_json::from_str(json).map_err(|e| InvalidMessage::Json(e.to_string()))?;
-    // A line from `dlq export` carries its old death record; it is history,
-    // not part of the notification.
-    fields.remove("dead_letter");
-    if !fields.contains_key("id") {
-        let id = serde_json::to_string(&uuid::Uuid::new_v4().to_string())
-            .map_err(|e| InvalidMessage::Json(e.to_string()))?;
-        let raw = RawValue::from_string(id).map_err(|e| InvalidMessage::Json(e.to_string()))?;
-        fields.insert("id".into(), raw);
-    }
-    let payload = serde_json::to_vec(&fields).map_err(|e| InvalidMessage::Json(e.to_string()))?;
-    let n = message::decode(&payload, max_bytes, None)?;
-    let redacted = n.headers.values().any(|v| v == REDACTED) || n.url.password() == Some("***");
-    if redacted {
-        return Err(InvalidMessage::Redacted);
-    }
-    Ok(Prepared {
-        id: n.id,
-        payload,
-        trace: None,
-        run: message::run::new_run(),
-        key: crate::topology::lanes::key_for_url(&n.url),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prepare_assigns_an_id_and_keeps_fields_exact() {
-        let p = prepare(r#"{"url":"http://a/","body":{"x": 1.50}}"#, 1 << 20).unwrap();
-        let text = String::from_utf8(p.payload).unwrap();
-        assert!(text.contains(&format!(r#""id":"{}""#, p.id)));
-        assert!(text.contains(r#""body":{"x": 1.50}"#));
-        let kept = prepare(r#"{"url":"http://a/","id":"mine"}"#, 1 << 20).unwrap();
-        assert_eq!(kept.id, "mine");
-        assert!(prepare(r#"{"url":"gopher://a/"}"#, 1 << 20).is_err());
-        assert!(prepare("[]", 1 << 20).is_err());
-    }
 }
