@@ -7,7 +7,7 @@
 //! [`history`] (the record of each attempt) →
 //! [`telemetry`] → [`config`] (settings) → [`topology`] → [`publish`]
 //! (confirmed publishing) → [`events`] (operational events) → [`delay`] (plugin, cascade, hold) →
-//! [`deliver`] (HTTP) → [`endpoint`] (per-endpoint limits) → [`control`]
+//! [`deliver`] (HTTP) → [`isolation`] (per-endpoint limits) → [`control`]
 //! (pause, disable, the shared failing clock) → [`worker`] (consume, one delivery) → [`ops`]
 //! (dead letters, status, demo) → `bench` → [`cli`].
 
@@ -24,9 +24,9 @@ pub mod console;
 pub mod control;
 pub mod delay;
 pub mod deliver;
-pub mod endpoint;
 pub mod events;
 pub mod history;
+pub mod isolation;
 pub mod message;
 pub mod ops;
 pub mod policy;

@@ -27,7 +27,7 @@ const LAYERS: &[&str] = &[
     "events",
     "delay",
     "deliver",
-    "endpoint",
+    "isolation",
     "control",
     "worker",
     "ops",

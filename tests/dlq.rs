@@ -289,8 +289,10 @@ async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {
     let mut replay = app.command();
     replay.args(["dlq", "replay", "--all"]);
     let mut child = Proc::spawn(replay);
-    // Kill it once it has replayed some but not all.
-    let some = async || app.queue_len("work").await >= 200;
+    // Kill it once it has replayed some but not all. With no worker to
+    // lay the lanes, the replays wait in lane 0: poll that one queue (the
+    // sum over every lane took long enough for the replay to finish).
+    let some = async || app.queue_len("work.0").await >= 200;
     poll_every(Duration::from_millis(5), Duration::from_secs(10), some).await;
     child.kill();
     let in_work = app.queue_len("work").await;

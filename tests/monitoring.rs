@@ -196,7 +196,7 @@ async fn every_panel_and_rule_has_data(backend: DelayBackend) {
     let feeding = traffic(&app, &ok, &down, Instant::now() + Duration::from_secs(25));
     let watched = async {
         // Data for every panel: an opened breaker, dead letters, a probe.
-        let deadline = Instant::now() + Duration::from_secs(40);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = scrape(admin).await.unwrap_or_default();
             let ready = text.contains("to=\"open\"")

@@ -1,5 +1,5 @@
 //! Per-endpoint isolation settings: the flags' values, which a `[[route]]`
-//! overrides for its URLs. The state they govern lives in `crate::endpoint`.
+//! overrides for its URLs. The state they govern lives in `crate::isolation`.
 
 use std::time::Duration;
 

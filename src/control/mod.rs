@@ -42,8 +42,8 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::config::ControlSettings;
-use crate::endpoint::Endpoints;
 use crate::events::Emitter;
+use crate::isolation::Endpoints;
 use crate::message::target::Target;
 use crate::topology::Topology;
 use plan::PlanSettings;

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::book::{Book, KeyState, Mode, EXPIRED};
 use super::record::{Change, Record};
 use super::state::CLAIM_TTL_MS;
-use crate::endpoint::activity::Delta;
+use crate::isolation::activity::Delta;
 use crate::message::target::Target;
 
 /// An endpoint is disabled only once it had this many failed attempts in

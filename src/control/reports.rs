@@ -11,7 +11,7 @@ use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Connection};
 use serde::{Deserialize, Serialize};
 
-use crate::endpoint::{Counts, Failure, View};
+use crate::isolation::{Counts, Failure, View};
 use crate::message::target::Target;
 use crate::topology::Topology;
 

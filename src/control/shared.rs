@@ -14,7 +14,7 @@ use super::plan::{Carry, PlanSettings};
 use super::record::Record;
 use super::reports::HeldReport;
 use super::table::Table;
-use crate::endpoint::activity::Activity;
+use crate::isolation::activity::Activity;
 use crate::message::target::Target;
 
 pub(super) struct Shared {

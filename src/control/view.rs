@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::book::{Book, KeyState, Mode};
 use super::reports::Report;
 use super::table::Table;
-use crate::endpoint::{Counts, Failure};
+use crate::isolation::{Counts, Failure};
 use crate::message::target::Target;
 
 /// One endpoint (or paused or disabled target), merged over the workers.

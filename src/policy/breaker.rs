@@ -1,6 +1,6 @@
 //! The per-endpoint circuit breaker, pure: what an attempt says about its
 //! endpoint ([`signal`]), and the breaker's state machine ([`Breaker`]).
-//! The caller passes the clock in; `crate::endpoint` holds one per
+//! The caller passes the clock in; `crate::isolation` holds one per
 //! endpoint and carries its answers out.
 //!
 //! - **Closed**: attempts go through. It opens after `failures`

@@ -1,6 +1,6 @@
 //! An endpoint's adaptive concurrency limit, pure: how many attempts in
 //! flight an endpoint has earned from its own behaviour. The caller
-//! passes the clock in; `crate::endpoint` holds one per endpoint.
+//! passes the clock in; `crate::isolation` holds one per endpoint.
 //!
 //! Loss-based like TCP's congestion window (and Netflix's AIMD limit),
 //! with a latency signal measured against the endpoint's *own* baseline:

@@ -9,7 +9,7 @@
 //!   tried now (circuit breaker, `Retry-After` pauses, rate limits), and
 //!   [`limit`](Limiter): how many attempts it has earned in flight, and
 //!   [`mean`](WindowMean): how long they take; the
-//!   per-endpoint state lives in `crate::endpoint`.
+//!   per-endpoint state lives in `crate::isolation`.
 //! - [`wait`]: whether a deferred delivery waits in the worker or through
 //!   the delay backend.
 //!

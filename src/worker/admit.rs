@@ -1,6 +1,6 @@
 //! The stages of one delivery before its attempt: its concurrency
 //! [`Slot`], the operator's gate (a paused or disabled target,
-//! [`crate::control`]) and its endpoint's admission ([`crate::endpoint`]).
+//! [`crate::control`]) and its endpoint's admission ([`crate::isolation`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use super::context::{Context, Done};
 use super::copy::{dead_letter_disabled, hold};
 use super::record as seam;
 use crate::control::Gate;
-use crate::endpoint::Admission;
+use crate::isolation::Admission;
 use crate::message::state::RetryState;
 use crate::message::Notification;
 use crate::policy::DeadReason;

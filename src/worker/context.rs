@@ -11,9 +11,9 @@ use tokio_util::task::TaskTracker;
 use super::wait::WaitRoom;
 use crate::config::WorkerSettings;
 use crate::control::Control;
-use crate::endpoint::Endpoints;
 use crate::events::Emitter;
 use crate::history::Recorder;
+use crate::isolation::Endpoints;
 use crate::publish::Publisher;
 
 /// What every delivery task of one connection shares.

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 use super::context::{Context, Done, HttpSpan};
 use super::notify;
 use crate::clock::now_ms;
-use crate::endpoint::{defer_delay, DeferReason};
+use crate::isolation::{defer_delay, DeferReason};
 use crate::message::event::{Event, Last, Subject};
 use crate::message::state::{self, AttemptRecord, RetryState};
 use crate::message::target::Target;

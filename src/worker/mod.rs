@@ -29,7 +29,7 @@ use tracing::warn;
 use crate::config::{BrokerSettings, WorkerSettings};
 use crate::delay::probe::Watch;
 use crate::deliver::DeliveryHandler;
-use crate::endpoint::Endpoints;
+use crate::isolation::Endpoints;
 use crate::policy::{Backoff, Jitter, RetryPolicy};
 use crate::telemetry;
 use session::{Session, Shared};

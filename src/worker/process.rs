@@ -1,5 +1,5 @@
 //! One delivery's path through the worker, in stages:
-//! decode → admit (its endpoint: go, park or defer, [`crate::endpoint`]) →
+//! decode → admit (its endpoint: go, park or defer, [`crate::isolation`]) →
 //! attempt (HTTP) → judge (pure: [`crate::policy::decide`]) → report (log,
 //! metrics, events) → copy (republish the retry, deferral or dead letter,
 //! confirmed; `copy.rs`) → settle (ack, hold then ack, or requeue).
@@ -24,7 +24,7 @@ use super::wait::{wait_here, Waits};
 use crate::clock::now_ms;
 use crate::config::{AttemptEvent, WorkerSettings};
 use crate::deliver::DeliveryHandler;
-use crate::endpoint::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
+use crate::isolation::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{

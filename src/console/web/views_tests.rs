@@ -1,6 +1,6 @@
 use super::*;
 use crate::console::rollup::bucket;
-use crate::endpoint::{Counts, Failure};
+use crate::isolation::{Counts, Failure};
 
 #[test]
 fn the_chart_has_a_bar_for_every_minute_of_the_hour() {

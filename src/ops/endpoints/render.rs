@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::Overview;
 use crate::control::book::{KeyState, Mode};
 use crate::control::view::Row;
-use crate::endpoint::Failure;
+use crate::isolation::Failure;
 
 /// The table: one line per endpoint.
 pub fn list(o: &Overview, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
