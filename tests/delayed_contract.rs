@@ -15,11 +15,12 @@ use lapin::{BasicProperties, ErrorKind};
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 
 /// 50 distinct delays (100..3000 ms, published shuffled) are each held at
-/// least their delay, arrive at most 500 ms late, and arrive in due order.
+/// least their delay, nine in ten at most 250 ms late and all within 2 s,
+/// and arrive in due order.
 ///
-/// 500 ms, not less: a loaded CI machine (two RabbitMQ nodes and the test binaries on two
-/// cores) once delivered a message 319 ms late. A timer that rounded to
-/// the second is still caught.
+/// The tail is loose: a loaded CI machine (two RabbitMQ nodes and the test
+/// binaries on two cores) once delivered a message 319 ms late, a 4.3.6
+/// pass 835 ms. A timer that rounded to the second is still caught.
 ///
 /// The broker starts a delay when it takes the message in: some time
 /// between the publish and its confirm, which on a busy machine can be
@@ -52,7 +53,11 @@ async fn delay_accuracy_and_order() {
     assert!(early.is_empty(), "arrived before their delay: {early:?}");
     let late = lateness(&arrivals, &latest).0;
     let max = *late.last().expect("arrivals");
-    assert!(max <= ms(500), "a message arrived {max:?} late");
+    // Nine in ten within 250 ms (a timer rounding to the second misses
+    // that), and none past 2 s: a loaded machine once held one 835 ms.
+    let p90 = late[late.len() * 9 / 10];
+    assert!(p90 <= ms(250), "one in ten arrived more than {p90:?} late");
+    assert!(max <= ms(2_000), "a message arrived {max:?} late");
     println!("accuracy: lateness {}", summary(&late));
     r.close().await;
 }
