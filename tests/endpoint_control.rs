@@ -14,7 +14,7 @@ use common::endpoints::{
     all_delivered, delivered, endpoint, endpoint_output, history_count, in_force, origin, show,
 };
 use common::harness::{assert_quiet_for, wait_until};
-use common::metrics::run_with_admin;
+use common::metrics::{run_with_admin, scrape, value};
 use common::receiver::{Receiver, Reply};
 use redeliver::delay::DelayBackend;
 
@@ -58,14 +58,31 @@ async fn a_pause_holds_every_attempt_and_a_resume_delivers_the_backlog_as_first_
     );
     let status = String::from_utf8_lossy(&app.cli(&["status"]).stdout).into_owned();
     assert!(status.contains("1 paused"), "{status}");
-    // Deferred for 30-45 s, none back yet: all 200 wait, on two workers.
+    assert!(
+        status.contains("parked         200 in the parking queues"),
+        "{status}"
+    );
+    // Parked, all 200, and none went round the delay backend.
     let v = show(&app, &target).expect("show");
     assert_eq!(v["state"], "paused", "{v:#}");
-    assert_eq!(v["waiting"], 200, "{v:#}");
+    assert_eq!(v["parked"], 200, "{v:#}");
+    let mut parked = 0.0;
+    for admin in [a1, a2] {
+        let text = scrape(admin).await.expect("metrics");
+        let deferrals = value(&text, "redeliver_deferrals_republished_total", &[]);
+        assert_eq!(
+            deferrals.unwrap_or(0.0),
+            0.0,
+            "a copy went to the delay backend"
+        );
+        let op = ["op=\"parked\""];
+        parked += value(&text, "redeliver_parking_queue_total", &op).unwrap_or(0.0);
+    }
+    assert_eq!(parked, 200.0, "parked by the two workers");
     endpoint(&app, &["resume", &target]);
     let resumed = Instant::now();
     assert!(
-        all_delivered(&held, &ids, Duration::from_secs(60)).await,
+        all_delivered(&held, &ids, Duration::from_secs(5)).await,
         "not all delivered after the resume: {} of 200",
         delivered(&held).len()
     );

@@ -12,7 +12,7 @@
 //! in-memory table ([`table`]); nothing is asked of the broker.
 //!
 //! This module is the room's one door for the worker: [`Control::gate`]
-//! for each delivery, [`Control::held`] and [`Control::dead_lettered`] to
+//! for each delivery, [`Control::parked`] and [`Control::dead_lettered`] to
 //! count what it held back, and [`Control::attach`] on each connection,
 //! which reads the stream and starts following it, planning the failing
 //! clock's records ([`plan`]) and publishing reports ([`reports`]) that
@@ -25,6 +25,7 @@ mod fold;
 mod follow;
 pub mod plan;
 pub mod record;
+pub mod release;
 pub mod reports;
 mod shared;
 pub mod state;
@@ -48,6 +49,10 @@ use crate::message::target::Target;
 use crate::topology::Topology;
 use plan::PlanSettings;
 use shared::{now_ms, Shared};
+
+/// How often [`Control::released`] looks again with no pause due to end: a
+/// pause record read meanwhile wakes it.
+const RELEASE_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A worker's view of the shared state, across its connections.
 #[derive(Clone)]
@@ -91,9 +96,38 @@ impl Control {
             .flatten()
     }
 
-    /// Counts a notification deferred by `target`'s pause, due at `due_ms`.
-    pub fn held(&self, target: &Target, due_ms: u64) {
-        self.shared.held(target, due_ms);
+    /// Counts a notification parked by `target`'s pause.
+    pub fn parked(&self, target: &Target) {
+        self.shared.parked(target);
+    }
+
+    /// Waits until pauses end (a resume, a disable, or a pause's time run
+    /// out after `*since_ms`, which it moves on), then returns the targets
+    /// they held, or `None` once `stop` is cancelled.
+    pub async fn released(
+        &self,
+        since_ms: &mut u64,
+        stop: &CancellationToken,
+    ) -> Option<Vec<Target>> {
+        loop {
+            let wanted = self.shared.release_wanted.notified();
+            let now = now_ms();
+            let table = self.shared.table();
+            let mut lifted = self.shared.take_released();
+            lifted.extend(release::ended(&table, *since_ms, now));
+            *since_ms = now;
+            if !lifted.is_empty() {
+                return Some(lifted);
+            }
+            let next = release::next_end(&table, now).map_or(RELEASE_CHECK, |end| {
+                std::time::Duration::from_millis(end - now).min(RELEASE_CHECK)
+            });
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = wanted => {}
+                _ = tokio::time::sleep(next) => {}
+            }
+        }
     }
 
     /// Counts a notification dead-lettered because `target` is disabled.

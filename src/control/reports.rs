@@ -59,10 +59,15 @@ pub struct EndpointReport {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HeldReport {
     pub target: Target,
-    /// Deferred by the pause and not due back yet.
+    /// Deferred by the pause and not due back yet: always 0 since pauses
+    /// park ([`HeldReport::parked`]); an earlier build's reports fill it.
     pub waiting: u64,
     /// Dead-lettered as `endpoint-disabled`, since this worker started.
     pub dead_lettered: u64,
+    /// Parked by this worker since the pause began (absent in the reports
+    /// of builds before parking).
+    #[serde(default)]
+    pub parked: u64,
 }
 
 impl From<View> for EndpointReport {

@@ -14,7 +14,6 @@ use super::plan::{Carry, PlanSettings};
 use super::record::Record;
 use super::reports::HeldReport;
 use super::table::Table;
-use crate::isolation::activity::Activity;
 use crate::message::target::Target;
 
 pub(super) struct Shared {
@@ -34,6 +33,10 @@ pub(super) struct Shared {
     pub(super) book: Mutex<Book>,
     pub(super) carry: Mutex<Carry>,
     held: Mutex<HashMap<Target, Held>>,
+    /// Pauses lifted by a record, for the worker's unpark to release
+    /// ([`Shared::take_released`]); `release_wanted` wakes it.
+    released: Mutex<Vec<Target>>,
+    pub(super) release_wanted: tokio::sync::Notify,
     /// Changes this worker wrote that took effect, whose events are still
     /// to be published (by the tick, `follow.rs`).
     pub(super) to_announce: Mutex<Vec<Record>>,
@@ -46,8 +49,9 @@ pub(super) struct Shared {
 /// What this worker held back for one paused or disabled target.
 #[derive(Default)]
 struct Held {
-    waits: Activity,
     dead: u64,
+    /// Parked by this worker since the pause began.
+    parked: u64,
 }
 
 impl Shared {
@@ -62,6 +66,8 @@ impl Shared {
             book: Mutex::new(Book::default()),
             carry: Mutex::new(Carry::default()),
             held: Mutex::new(HashMap::new()),
+            released: Mutex::new(Vec::new()),
+            release_wanted: tokio::sync::Notify::new(),
             to_announce: Mutex::new(Vec::new()),
             written: Mutex::new(Vec::new()),
         }
@@ -81,10 +87,30 @@ impl Shared {
         f(&self.table.load())
     }
 
+    /// Installs what is in force now, then hands the pauses it lifted to
+    /// the unpark (after the store: a park that starts later sees them
+    /// lifted, and one under way is waited for, `crate::worker`'s park).
     fn set_table(&self, table: Table) {
         let any = !table.is_empty();
-        self.table.store(Arc::new(table));
+        let before = self.table.swap(Arc::new(table));
         self.any.store(any, Ordering::Release);
+        if before.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let mut lifted = super::release::released(&before, &self.table.load(), now);
+        // Pauses that ran out before this table replaced theirs, in case
+        // the unpark had not looked yet (a second release costs one read).
+        lifted.extend(super::release::ended(&before, 0, now));
+        if !lifted.is_empty() {
+            lock(&self.released).extend(lifted);
+            self.release_wanted.notify_one();
+        }
+    }
+
+    /// The pauses lifted by records since the last call.
+    pub(super) fn take_released(&self) -> Vec<Target> {
+        std::mem::take(&mut *lock(&self.released))
     }
 
     /// Replaces the whole state (a new connection read it afresh).
@@ -130,10 +156,8 @@ impl Shared {
         lock(&self.book).skip(offset);
     }
 
-    pub(super) fn held(&self, target: &Target, due_ms: u64) {
-        let mut held = lock(&self.held);
-        let h = held.entry(target.clone()).or_default();
-        h.waits.wait_until(now_ms(), due_ms);
+    pub(super) fn parked(&self, target: &Target) {
+        lock(&self.held).entry(target.clone()).or_default().parked += 1;
     }
 
     pub(super) fn dead_lettered(&self, target: &Target) {
@@ -151,8 +175,10 @@ impl Shared {
         held.iter_mut()
             .map(|(t, h)| HeldReport {
                 target: t.clone(),
-                waiting: h.waits.waiting(now),
+                // Parked now, not deferred: kept for earlier readers.
+                waiting: 0,
                 dead_lettered: h.dead,
+                parked: h.parked,
             })
             .collect()
     }

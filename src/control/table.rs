@@ -117,6 +117,15 @@ impl Table {
             .map(|(t, m)| (t, m))
     }
 
+    /// Every target in the table with its control, in no order.
+    pub fn entries(&self) -> impl Iterator<Item = &(Target, Mode)> {
+        self.by_host
+            .values()
+            .flat_map(|h| h.by_port.values())
+            .flat_map(|p| p.values())
+            .flatten()
+    }
+
     /// How many targets are paused and how many disabled at `now_ms`.
     pub fn counts(&self, now_ms: u64) -> (usize, usize) {
         let all = self

@@ -38,6 +38,8 @@ pub struct Row {
     pub waiting: u64,
     /// Dead-lettered because it is disabled (by the live workers).
     pub dead_lettered: u64,
+    /// Parked by its pause (by the live workers, since the pause began).
+    pub parked: u64,
     /// Live workers that saw it in the last 10 minutes.
     pub workers: usize,
     pub last_seen_ms: Option<u64>,
@@ -78,6 +80,7 @@ pub fn rows(reports: &[Report], book: &Book, now_ms: u64) -> Vec<Row> {
             row.endpoint = name;
             row.waiting += h.waiting;
             row.dead_lettered += h.dead_lettered;
+            row.parked += h.parked;
         }
     }
     for k in book.keys().filter(|k| k.control.in_force(now_ms)) {
@@ -217,6 +220,7 @@ mod tests {
         };
         b.apply(1, Record::new(1, "auto", failing));
         let held = HeldReport {
+            parked: 0,
             target: t("http://127.0.0.1:4000"),
             waiting: 7,
             dead_lettered: 0,

@@ -77,7 +77,12 @@ fn endpoints(s: &Status, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
         out,
         "endpoints      {} active, {} paused, {} disabled, {} breaker open ({} worker(s) reporting)",
         e.active, e.paused, e.disabled, e.breaker_open, e.workers
-    )
+    )?;
+    writeln!(out, "parked         {} in the parking queues", s.parked)?;
+    for (endpoint, n) in &e.parked {
+        writeln!(out, "  parked       {endpoint}  {n}")?;
+    }
+    Ok(())
 }
 
 /// The node this report came through and, from the management API, the

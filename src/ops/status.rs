@@ -72,6 +72,9 @@ pub struct Status {
     pub endpoints: Option<EndpointsStatus>,
     /// The operational events' exchange and what is bound to it.
     pub events: EventsStatus,
+    /// Notifications waiting in the parking queues (`<prefix>.park.K`), all
+    /// endpoints together: the broker's count.
+    pub parked: u32,
 }
 
 /// How many endpoints are in each state, and workers reporting.
@@ -82,6 +85,9 @@ pub struct EndpointsStatus {
     pub disabled: usize,
     pub breaker_open: usize,
     pub workers: usize,
+    /// Notifications parked per paused endpoint, as the live workers that
+    /// parked them count them (those with none are left out).
+    pub parked: std::collections::BTreeMap<String, u64>,
 }
 
 /// The endpoint tally, from the shared state and the workers' reports.
@@ -94,6 +100,12 @@ async fn endpoints(broker: &BrokerSettings) -> Option<EndpointsStatus> {
         disabled,
         breaker_open,
         workers: o.reports.len(),
+        parked: o
+            .rows
+            .iter()
+            .filter(|r| r.parked > 0)
+            .map(|r| (r.endpoint.clone(), r.parked))
+            .collect(),
     })
 }
 
@@ -110,6 +122,22 @@ pub struct CascadeQueueStatus {
     pub messages: u32,
 }
 
+/// Ready messages in every parking queue; 0 when none can be read.
+async fn read_parked(conn: &lapin::Connection, t: &Topology) -> u32 {
+    let Ok(parks) = t.parks_found(conn).await else {
+        return 0;
+    };
+    let Ok(ch) = conn.create_channel().await else {
+        return 0;
+    };
+    let mut n = 0;
+    for q in parks {
+        n += crate::topology::ready_count(&ch, &q).await.unwrap_or(0);
+    }
+    let _ = ch.close(200, "".into()).await;
+    n
+}
+
 pub async fn status(
     broker: &BrokerSettings,
     management_url: Option<&str>,
@@ -118,6 +146,7 @@ pub async fn status(
     let (conn, connected) = broker.url.connect_to("redeliver status").await?;
     let mut probe = Probe::new(&conn);
     let lanes = read_lanes(&conn, &t).await?;
+    let parked = read_parked(&conn, &t).await;
     let dead = probe.queue(&t.dead).await?;
     let hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
     let mut cascade = vec![];
@@ -142,6 +171,7 @@ pub async fn status(
     let delay_probes =
         crate::delay::report::summarize(&crate::delay::report::read(&conn, &t).await);
     let mut s = Status {
+        parked,
         delay_probes,
         endpoints: endpoints(broker).await,
         prefix: broker.prefix.clone(),

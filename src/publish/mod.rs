@@ -107,6 +107,11 @@ impl Publisher {
         })
     }
 
+    /// The names it publishes to.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
     pub fn is_connected(&self) -> bool {
         self.channels.iter().all(|c| c.status().connected())
     }

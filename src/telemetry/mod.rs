@@ -146,6 +146,7 @@ pub const ENDPOINT_APP_ERRORS: &str = "redeliver_endpoint_app_error_ratio";
 pub const ACTIVE_ENDPOINTS: &str = "redeliver_endpoints_active";
 pub const PARKED: &str = "redeliver_parked";
 pub const WAITING: &str = "redeliver_waiting";
+pub const PARKING: &str = "redeliver_parking_queue_total";
 pub const WAITS: &str = "redeliver_waits_total";
 pub const REPUBLISHED_DEFERRALS: &str = "redeliver_deferrals_republished_total";
 pub const ENDPOINTS: &str = "redeliver_endpoints_tracked";
@@ -263,6 +264,10 @@ fn describe_endpoint_metrics() {
     describe_gauge!(
         WAITING,
         "Deferred deliveries waiting in this worker, unacked, instead of through the delay backend (--max-waiting)"
+    );
+    describe_counter!(
+        PARKING,
+        "Paused endpoints' notifications moved by the parking queues: parked, released to their lane, or parked again by a release while still paused"
     );
     describe_counter!(
         WAITS,

@@ -59,14 +59,17 @@ pub fn key_for_url(url: &Url) -> String {
 /// `""` when it has none that parses. For copies made from a payload
 /// (a replay, a relayed event) whose notification is not decoded.
 pub fn key_of_payload(payload: &[u8]) -> String {
+    url_of_payload(payload).map_or_else(String::new, |u| key_for_url(&u))
+}
+
+/// A notification's `url`, read from its JSON alone.
+pub fn url_of_payload(payload: &[u8]) -> Option<Url> {
     #[derive(serde::Deserialize)]
     struct UrlOnly {
         url: String,
     }
-    match serde_json::from_slice::<UrlOnly>(payload) {
-        Ok(u) => Url::parse(&u.url).map_or_else(|_| String::new(), |u| key_for_url(&u)),
-        Err(_) => String::new(),
-    }
+    let u = serde_json::from_slice::<UrlOnly>(payload).ok()?;
+    Url::parse(&u.url).ok()
 }
 
 /// The lane bucket `b` is bound to when there are `lanes` lanes.

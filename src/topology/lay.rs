@@ -97,6 +97,7 @@ impl Topology {
         }
         self.lay_buckets(conn, ch, (&self.lanes_exchange, fresh))
             .await?;
+        self.declare_parks(conn, ch).await?;
         if old {
             // The single work queue of an earlier build: nothing new goes
             // there; the workers drain it (see [`Topology::leftovers`]).

@@ -7,6 +7,7 @@
 mod error;
 pub mod lanes;
 mod lay;
+mod park;
 
 pub(crate) use error::classify;
 pub use error::TopologyError;
@@ -171,6 +172,10 @@ impl Topology {
                 break;
             }
             ch.queue_delete(lane.as_str().into(), Default::default())
+                .await?;
+        }
+        for park in self.parks_found(conn).await.unwrap_or_default() {
+            ch.queue_delete(park.as_str().into(), Default::default())
                 .await?;
         }
         for marker in self.laid_markers() {

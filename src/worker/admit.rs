@@ -9,7 +9,8 @@ use lapin::message::Delivery;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::context::{Context, Done};
-use super::copy::{dead_letter_disabled, hold};
+use super::copy::dead_letter_disabled;
+use super::park::park;
 use super::record as seam;
 use crate::control::Gate;
 use crate::isolation::Admission;
@@ -95,7 +96,7 @@ pub(super) async fn admit<H>(
 }
 
 /// A notification whose target an operator (or the automatic disable)
-/// paused or disabled: deferred without an attempt, or dead-lettered as
+/// paused or disabled: parked without an attempt (`park.rs`), or dead-lettered as
 /// `endpoint-disabled` with its history. `None`: neither, attempt it.
 pub(super) async fn held_back<H>(
     ctx: &Context<H>,
@@ -104,11 +105,16 @@ pub(super) async fn held_back<H>(
     n: &Notification,
     slot: &mut Slot,
 ) -> Option<Result<Done, PublishError>> {
+    if ctx.control.gate(&n.url) == Gate::Go {
+        return None;
+    }
+    // Asked again under the lock: a release waits for this park.
+    let _entered = ctx.parking.read().await;
     let done = match ctx.control.gate(&n.url) {
         Gate::Go => return None,
-        Gate::Paused { target, until_ms } => {
+        Gate::Paused { target, .. } => {
             slot.free();
-            hold(ctx, d, st.clone(), &n.id, &target, until_ms).await
+            park(ctx, d, st.clone(), n, &target).await
         }
         Gate::Disabled { target } => {
             slot.free();

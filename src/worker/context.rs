@@ -50,6 +50,8 @@ pub struct Context<H> {
     /// Cancelled when the session begins to stop: nothing waits in the
     /// worker any more.
     pub stopping: CancellationToken,
+    /// Parks against releases (`park.rs`), shared by every session.
+    pub(crate) parking: super::park::Parking,
 }
 
 /// What became of a delivery before its own ack: the copy it needed, if

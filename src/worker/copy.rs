@@ -70,7 +70,7 @@ async fn retry<H>(
 /// The bucket key a copy of `d` comes back with: the one it arrived with,
 /// or for a notification that came by another key (a raw producer's, the
 /// lanes' alternate), its URL's.
-fn lane_key(d: &Delivery) -> String {
+pub(super) fn lane_key(d: &Delivery) -> String {
     let key = d.routing_key.as_str();
     match crate::topology::lanes::is_bucket_key(key) {
         true => key.to_string(),
@@ -114,31 +114,6 @@ async fn defer_for<H>(
     let headers = st.to_headers(d.properties.headers().as_ref(), None);
     metrics::counter!(telemetry::REPUBLISHED_DEFERRALS).increment(1);
     retry(ctx, d, headers, delay).await
-}
-
-/// How long a paused target's notification waits before it asks again, at
-/// most (the deferral's jitter adds up to half): short enough that a
-/// resume reaches its whole backlog within a minute.
-pub const PAUSE_RECHECK: Duration = Duration::from_secs(30);
-
-/// Defers a notification to a paused target, without an attempt, until
-/// its pause ends or for [`PAUSE_RECHECK`], whichever is sooner; its
-/// `--max-age` still counts (the deferral starts its age).
-pub(super) async fn hold<H>(
-    ctx: &Context<H>,
-    d: &Delivery,
-    st: RetryState,
-    id: &str,
-    target: &Target,
-    until_ms: Option<u64>,
-) -> Result<Done, PublishError> {
-    let now = now_ms().max(0) as u64;
-    let left = until_ms.map_or(PAUSE_RECHECK, |u| {
-        Duration::from_millis(u.saturating_sub(now))
-    });
-    let delay = defer_delay(left.min(PAUSE_RECHECK), st.deferrals, &mut rand::rng());
-    ctx.control.held(target, now + delay.as_millis() as u64);
-    defer_for(ctx, d, st, id, delay, DeferReason::Held).await
 }
 
 /// Invalid messages keep their original bytes and headers, plus the reason.

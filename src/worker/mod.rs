@@ -9,10 +9,12 @@ mod error;
 mod feed;
 mod lanes;
 mod notify;
+mod park;
 pub(crate) mod process;
 mod record;
 mod session;
 mod traced;
+mod unpark;
 mod wait;
 
 pub use error::WorkerError;
@@ -148,6 +150,7 @@ fn shared(settings: &WorkerSettings, delay: crate::config::DelayBackend) -> Shar
         watch: Watch::new(settings.delay_probe, delay, settings.health.clone()),
         control: crate::control::Control::new(&settings.control),
         waiting: Arc::new(wait::WaitRoom::new(settings.endpoints.max_waiting)),
+        parking: park::Parking::default(),
     }
 }
 

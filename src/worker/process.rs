@@ -306,7 +306,10 @@ fn outcome(decision: &Decision) -> Outcome {
 
 /// The policy in force for this notification: its own fields, then its
 /// URL's `[[route]]`, then the worker's flags.
-fn effective_policy<'a>(settings: &'a WorkerSettings, n: &'a Notification) -> EffectivePolicy<'a> {
+pub(super) fn effective_policy<'a>(
+    settings: &'a WorkerSettings,
+    n: &'a Notification,
+) -> EffectivePolicy<'a> {
     let route = settings.routes.find(&n.url);
     EffectivePolicy::new(
         &settings.policy,

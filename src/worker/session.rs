@@ -16,6 +16,7 @@ use super::context::Context;
 use super::error::WorkerError;
 use super::feed::Feed;
 use super::lanes::open_feed;
+use super::park::Parking;
 use super::process::process;
 use super::wait::WaitRoom;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
@@ -57,6 +58,8 @@ pub(super) struct Shared {
     pub(super) control: Control,
     /// Seats for deliveries waiting in the worker.
     pub(super) waiting: Arc<WaitRoom>,
+    /// Parks against releases (`park.rs`).
+    pub(super) parking: Parking,
 }
 
 /// Channels a worker republishes on (see [`Publisher`]).
@@ -108,6 +111,7 @@ fn context<H>(
         slot_wanted: shared.slot_wanted.clone(),
         tracker: tracker.clone(),
         waiting: shared.waiting.clone(),
+        parking: shared.parking.clone(),
         stopping,
     })
 }
@@ -153,6 +157,8 @@ impl<H: DeliveryHandler> Session<H> {
             Some(p) => p.spawn(helpers.clone(), events.clone()),
             None => CancellationToken::new(),
         };
+        let parking = (shared.control.clone(), shared.parking.clone());
+        super::unpark::spawn(conn.clone(), publisher.clone(), parking, helpers.clone());
         let ctx = context(
             handler,
             (publisher, events, history),

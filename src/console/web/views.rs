@@ -188,7 +188,7 @@ impl EndpointRow {
             paused_until,
             reason,
             failures_5m: r.last_5m.failures,
-            waiting: r.waiting,
+            waiting: r.waiting + r.parked,
         }
     }
 }

@@ -35,7 +35,7 @@ pub fn list(o: &Overview, out: &mut (impl Write + ?Sized)) -> io::Result<()> {
             ago(o.now_ms, r.last_success_ms),
             failure(o.now_ms, r.last_failure.as_ref(), 28),
             ago(o.now_ms, r.failing_since_ms),
-            r.waiting
+            r.waiting + r.parked
         )?;
     }
     if o.rows.is_empty() {
@@ -81,6 +81,7 @@ pub fn show(
         None => writeln!(out, "failing since  -")?,
     }
     writeln!(out, "waiting        {}", row.waiting)?;
+    writeln!(out, "parked         {}", row.parked)?;
     if row.dead_lettered > 0 {
         writeln!(
             out,
