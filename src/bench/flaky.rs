@@ -41,6 +41,11 @@ impl Bench {
         let name = "settle time, --isolation off (median)";
         self.push(p, name, median(&off), "s");
         let pairs: Vec<(f64, f64)> = on.into_iter().zip(off).collect();
+        // Each pair, not only the median: a stall shows in one pair.
+        for (k, (a, b)) in pairs.iter().enumerate() {
+            let name = format!("pair {}: on {a:.2} s ÷ off {b:.2} s", k + 1);
+            self.push(p, name, Some(a / b), "x");
+        }
         let name = "settle time, isolation on ÷ off";
         let spread = Spread::of_pairs(&pairs);
         self.push_pairs(p, name, spread, Some("≤ 1.10"), |r| r <= 1.10);

@@ -295,18 +295,31 @@ fn forget_least_used(map: &mut HashMap<String, Entry>) {
     }
 }
 
-/// How long a deferred delivery waits: at least `wait` (the breaker's open
-/// time left, the pause, the rate's next turn, the estimated queue), and at
-/// least 1 s (shorter waits park instead) doubled for each earlier deferral
-/// (up to 30 s), so a long backlog circulates ever more slowly; plus
-/// up to half again of jitter, so deferred deliveries do not all come back
-/// at once.
-pub fn defer_delay(wait: Duration, deferrals: u32, rng: &mut impl Rng) -> Duration {
-    let floor = Duration::from_secs(1)
-        .saturating_mul(2u32.saturating_pow(deferrals.min(16)))
-        .min(Duration::from_secs(30));
+/// How long a deferred delivery waits: at least `wait` and at least 1 s
+/// (shorter waits park instead), plus jitter, so deferred deliveries do
+/// not all come back at once.
+///
+/// A busy or rate-limited endpoint (`scheduled`) gave `wait` from its own
+/// schedule: one place per deferral, at the pace it can take them
+/// (`state.rs`, `deferral`). That is the delay, with a tenth of jitter: a
+/// floor that doubled per deferral would send the notifications deferred
+/// most often to the back of a drain, up to 45 s out.
+///
+/// Otherwise (an open breaker, a `Retry-After` pause, probes out) the 1 s
+/// floor doubles for each deferral since the notification's last attempt,
+/// `streak`, up to 30 s, with up to half again of jitter: an endpoint that
+/// keeps refusing is asked less and less often.
+pub fn defer_delay(wait: Duration, streak: u32, scheduled: bool, rng: &mut impl Rng) -> Duration {
+    let second = Duration::from_secs(1);
+    let (floor, jitter_part) = match scheduled {
+        true => (second, 10),
+        false => {
+            let doubled = second.saturating_mul(2u32.saturating_pow(streak.min(16)));
+            (doubled.min(Duration::from_secs(30)), 2)
+        }
+    };
     let base = wait.max(floor);
-    let jitter_ms = u64::try_from(base.as_millis() / 2).unwrap_or(u64::MAX);
+    let jitter_ms = u64::try_from(base.as_millis() / jitter_part).unwrap_or(u64::MAX);
     base + Duration::from_millis(rng.random_range(0..=jitter_ms))
 }
 

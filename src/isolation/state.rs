@@ -338,7 +338,7 @@ impl Endpoint {
         }
         let per = st
             .latency
-            .get()
+            .settled()
             .unwrap_or_else(|| st.limiter.silent_for(now));
         let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let spacing = (per / limit).max(self.limits.rate.map_or(Duration::ZERO, |r| r.interval()));
@@ -355,7 +355,10 @@ impl Endpoint {
     /// over its limit, or at its rate, and at least how long the endpoint
     /// has been silent with attempts in flight.
     pub(super) fn park_estimate(&self, st: &State, now: Instant, ahead: usize) -> Duration {
-        let per = st.latency.get().unwrap_or_default();
+        // Settled only: at a cold start, one hang among the first answers
+        // read as "each attempt takes the timeout" and deferred a lone
+        // flaky endpoint's queue 10 to 60 s out (bench phase 12's stall).
+        let per = st.latency.settled().unwrap_or_default();
         let queued = u32::try_from(ahead + 1).unwrap_or(u32::MAX);
         let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let by_rate = self.limits.rate.map_or(Duration::ZERO, |r| {

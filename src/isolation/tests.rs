@@ -315,16 +315,19 @@ async fn a_pause_defers_every_delivery_to_the_endpoint() {
 async fn a_busy_endpoints_deferrals_are_spread_over_its_schedule() {
     let e = endpoints(1, 0);
     let a = url("http://a.test/");
-    // One attempt of 200 ms on record, then the endpoint is full.
-    let mut first = go(admit(&e, &a));
-    // The attempt's recorded length lies between these two (a busy
+    // A settled mean on record (16 attempts of 50 ms), then the endpoint
+    // is full. Each recorded length lies between the two bounds (a busy
     // machine sleeps longer than asked).
-    let t0 = std::time::Instant::now();
-    first.start();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let shortest = t0.elapsed();
-    first.finish(Signal::Alive, &done());
-    let longest = t0.elapsed();
+    let (mut shortest, mut longest) = (Duration::MAX, Duration::ZERO);
+    for _ in 0..crate::policy::mean::SETTLED {
+        let mut p = go(admit(&e, &a));
+        let t0 = std::time::Instant::now();
+        p.start();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        shortest = shortest.min(t0.elapsed());
+        p.finish(Signal::Alive, &done());
+        longest = longest.max(t0.elapsed());
+    }
     let _held = go(admit(&e, &a));
     let waits: Vec<Duration> = (0..4)
         .map(|_| match admit(&e, &a) {
@@ -335,7 +338,7 @@ async fn a_busy_endpoints_deferrals_are_spread_over_its_schedule() {
             _ => panic!("no parking place: deferred"),
         })
         .collect();
-    // Each one a place further on: about the 200 ms an attempt takes.
+    // Each one a place further on: about the 50 ms an attempt takes.
     for w in waits.windows(2) {
         let gap = w[1] - w[0];
         assert!(
@@ -370,10 +373,25 @@ fn defer_delays_grow_with_deferrals_and_keep_the_wait() {
         (ms(5_000), 0, 5_000),
         (ms(0), 30, 30_000),
     ] {
-        let d = defer_delay(wait, deferrals, &mut rng);
+        let d = defer_delay(wait, deferrals, false, &mut rng);
         assert!(
             d >= ms(lo) && d <= ms(lo * 3 / 2),
             "{wait:?} x{deferrals}: {d:?}"
+        );
+    }
+}
+
+/// A busy endpoint's own schedule is the delay: no floor that doubles,
+/// whatever the streak (phase 12's stall), and a tenth of jitter.
+#[test]
+fn a_scheduled_deferral_keeps_its_place_whatever_the_streak() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let ms = Duration::from_millis;
+    for (wait, streak, lo) in [(ms(0), 0, 1_000), (ms(0), 9, 1_000), (ms(2_500), 30, 2_500)] {
+        let d = defer_delay(wait, streak, true, &mut rng);
+        assert!(
+            d >= ms(lo) && d <= ms(lo * 11 / 10),
+            "{wait:?} x{streak}: {d:?}"
         );
     }
 }

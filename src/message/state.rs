@@ -20,6 +20,11 @@ pub const H_DELAY: &str = "x-delay";
 /// endpoint was busy, rate-limited, paused or behind an open breaker).
 /// Deferrals cost no attempt.
 pub const H_DEFERRALS: &str = "redeliver-deferrals";
+/// Deferrals since the last attempt: the deferral's floor doubles with
+/// it (an endpoint that keeps refusing is asked less and less often), and
+/// an attempt starts it again, so a notification deferred a few times
+/// early in a long drain does not wait 30-45 s when deferred once more.
+pub const H_DEFERRAL_STREAK: &str = "redeliver-deferral-streak";
 /// When a worker first deferred a notification that had no attempt yet
 /// (ms since the epoch): its age counts from there.
 pub const H_FIRST_SEEN: &str = "redeliver-first-seen-at";
@@ -55,6 +60,8 @@ pub struct RetryState {
     pub id: Option<String>,
     /// Deferrals so far (they cost no attempt).
     pub deferrals: u32,
+    /// Deferrals since the last attempt ([`H_DEFERRAL_STREAK`]).
+    pub deferral_streak: u32,
     pub first_seen_at: Option<i64>,
     /// The trace every attempt joins: the producer's, or the first
     /// attempt's when the producer sent none.
@@ -93,6 +100,10 @@ impl RetryState {
         let deferrals = optional_int(m.get(H_DEFERRALS), H_DEFERRALS)?
             .map_or(Ok(0), u32::try_from)
             .map_err(|_| InvalidMessage::BadState(H_DEFERRALS, "out of range".into()))?;
+        // A copy from before the streak had none: its deferrals stand in.
+        let deferral_streak = optional_int(m.get(H_DEFERRAL_STREAK), H_DEFERRAL_STREAK)?
+            .map_or(Ok(deferrals), u32::try_from)
+            .map_err(|_| InvalidMessage::BadState(H_DEFERRAL_STREAK, "out of range".into()))?;
         let id = m.get(H_ID).and_then(string);
         let run = m.get(super::run::H_RUN).and_then(string);
         let history = match m.get(H_HISTORY) {
@@ -104,6 +115,7 @@ impl RetryState {
             first_attempt_at,
             id,
             deferrals,
+            deferral_streak,
             first_seen_at,
             trace: TraceContext::from_headers(Some(h)),
             run,
@@ -124,6 +136,7 @@ impl RetryState {
     /// Counts a deferral; its age starts now if nothing started it before.
     pub fn defer(&mut self, now_ms: i64) {
         self.deferrals = self.deferrals.saturating_add(1);
+        self.deferral_streak = self.deferral_streak.saturating_add(1);
         if self.first_attempt_at.is_none() {
             self.first_seen_at.get_or_insert(now_ms);
         }
@@ -132,6 +145,7 @@ impl RetryState {
     /// Adds one attempt to the state.
     pub fn record(&mut self, r: &AttemptRecord<'_>) {
         self.attempts = r.attempt;
+        self.deferral_streak = 0;
         self.first_attempt_at.get_or_insert(r.at_ms);
         let mut e = FieldTable::default();
         e.insert("attempt".into(), AMQPValue::LongLongInt(r.attempt.into()));
@@ -181,6 +195,13 @@ impl RetryState {
             h.insert(
                 H_DEFERRALS.into(),
                 AMQPValue::LongLongInt(self.deferrals.into()),
+            );
+        }
+        if self.deferrals > 0 {
+            // Written even at 0: the original's value must not stand.
+            h.insert(
+                H_DEFERRAL_STREAK.into(),
+                AMQPValue::LongLongInt(self.deferral_streak.into()),
             );
         }
         if let Some(c) = last {
@@ -356,6 +377,37 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_ends_the_deferral_streak_and_the_header_follows() {
+        let c = Classified {
+            verdict: Verdict::Retryable,
+            status: Some(500),
+            error: None,
+            retry_after: None,
+        };
+        let mut s = RetryState::default();
+        s.defer(1_000);
+        s.defer(2_000);
+        let before = s.to_headers(None, None);
+        let mut back = RetryState::from_headers(Some(&before)).unwrap();
+        back.record(&AttemptRecord {
+            attempt: 1,
+            at_ms: 3_000,
+            duration_ms: 5,
+            classified: &c,
+            delay_ms: None,
+        });
+        back.defer(4_000);
+        // Written over the original's streak of 2.
+        let again = RetryState::from_headers(Some(&back.to_headers(Some(&before), None))).unwrap();
+        assert_eq!((again.deferrals, again.deferral_streak), (3, 1));
+        // A copy from before the streak: its deferrals stand in.
+        let mut old = FieldTable::default();
+        old.insert(H_DEFERRALS.into(), AMQPValue::LongLongInt(4));
+        let old = RetryState::from_headers(Some(&old)).unwrap();
+        assert_eq!(old.deferral_streak, 4);
+    }
+
+    #[test]
     fn deferrals_count_without_an_attempt_and_start_the_age() {
         let mut s = RetryState::default();
         assert_eq!(s.age_ms(5_000), 0, "a new notification has no age");
@@ -363,6 +415,7 @@ mod tests {
         s.defer(2_000);
         let back = RetryState::from_headers(Some(&s.to_headers(None, None))).unwrap();
         assert_eq!((back.attempts, back.deferrals), (0, 2));
+        assert_eq!(back.deferral_streak, 2);
         assert_eq!(
             back.first_seen_at,
             Some(1_000),

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 /// Samples in the window.
 pub const WINDOW: usize = 64;
+/// Samples before the mean is [`WindowMean::settled`]: one hang among the
+/// first answers (a flaky endpoint's 5%) would otherwise read as "every
+/// attempt takes the timeout".
+pub const SETTLED: usize = 16;
 
 /// The mean of the last [`WINDOW`] durations.
 #[derive(Debug, Default)]
@@ -34,6 +38,14 @@ impl WindowMean {
         let n = u32::try_from(self.samples.len()).ok().filter(|n| *n > 0)?;
         Some(self.sum / n)
     }
+
+    /// The mean once it holds [`SETTLED`] samples, for estimates a
+    /// decision rests on; `None` before.
+    pub fn settled(&self) -> Option<Duration> {
+        (self.samples.len() >= SETTLED)
+            .then(|| self.get())
+            .flatten()
+    }
 }
 
 #[cfg(test)]
@@ -54,5 +66,18 @@ mod tests {
             m.add(ms(10));
         }
         assert_eq!(m.get(), Some(ms(10)));
+    }
+
+    #[test]
+    fn a_first_hang_alone_is_not_a_settled_mean() {
+        let ms = Duration::from_millis;
+        let mut m = WindowMean::default();
+        m.add(ms(1_000));
+        assert_eq!((m.get(), m.settled()), (Some(ms(1_000)), None));
+        for _ in 1..SETTLED {
+            m.add(ms(4));
+        }
+        // (1000 + 15 x 4) / 16 = 66.25 ms.
+        assert_eq!(m.settled(), Some(Duration::from_micros(66_250)));
     }
 }

@@ -20,7 +20,7 @@ mod breaker;
 mod classify;
 mod decide;
 mod limit;
-mod mean;
+pub mod mean;
 mod rate;
 pub mod wait;
 

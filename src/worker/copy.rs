@@ -90,7 +90,8 @@ pub(super) async fn defer<H>(
     wait: Duration,
     reason: DeferReason,
 ) -> Result<Done, PublishError> {
-    let delay = defer_delay(wait, st.deferrals, &mut rand::rng());
+    let scheduled = matches!(reason, DeferReason::Busy | DeferReason::Rate);
+    let delay = defer_delay(wait, st.deferral_streak, scheduled, &mut rand::rng());
     defer_for(ctx, d, st, id, delay, reason).await
 }
 
