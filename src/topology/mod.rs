@@ -174,8 +174,10 @@ impl Topology {
             ch.queue_delete(lane.as_str().into(), Default::default())
                 .await?;
         }
-        for park in self.parks_found(conn).await.unwrap_or_default() {
-            ch.queue_delete(park.as_str().into(), Default::default())
+        // Every lane count's parking queues; deleting a missing queue is
+        // no error (and no probe closes a channel).
+        for k in 0..lanes::BUCKETS {
+            ch.queue_delete(self.park(k).as_str().into(), Default::default())
                 .await?;
         }
         for marker in self.laid_markers() {

@@ -174,17 +174,15 @@ pub(super) struct Feed {
 }
 
 impl Feed {
-    /// A consumer on each of `queues`. The worker's room past its
-    /// `concurrency` (its `prefetch` less the concurrency) is shared out
-    /// between them: each lane's consumer has `concurrency` plus its share,
-    /// and rotates past half its share.
+    /// A consumer on each of `queues`, each with `concurrency` plus `share`
+    /// of room (see `lanes.rs`'s `lane_room`); it rotates past half its
+    /// share.
     pub(super) async fn open(
         conn: &Arc<Connection>,
         queues: &[String],
-        prefetch: u16,
+        share: usize,
         concurrency: usize,
     ) -> Result<Feed, lapin::Error> {
-        let share = usize::from(prefetch).saturating_sub(concurrency) / queues.len().max(1);
         let subscriber = Subscriber {
             conn: conn.clone(),
             queues: queues.to_vec(),

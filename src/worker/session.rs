@@ -147,6 +147,7 @@ impl<H: DeliveryHandler> Session<H> {
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
         let feed = open_feed(conn, &topology, (settings, prefetch(settings)), node).await?;
+        let parks = topology.parks_found(conn).await?.into_iter().collect();
         let hard_stop = CancellationToken::new();
         let stops = (&tracker, &helpers, &hard_stop);
         let hold_failed =
@@ -158,7 +159,13 @@ impl<H: DeliveryHandler> Session<H> {
             None => CancellationToken::new(),
         };
         let parking = (shared.control.clone(), shared.parking.clone());
-        super::unpark::spawn(conn.clone(), publisher.clone(), parking, helpers.clone());
+        super::unpark::spawn(
+            conn.clone(),
+            parks,
+            publisher.clone(),
+            parking,
+            helpers.clone(),
+        );
         let ctx = context(
             handler,
             (publisher, events, history),

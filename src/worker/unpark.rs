@@ -37,17 +37,18 @@ const MOVES: u16 = 128;
 /// is held by another worker reading it too.
 const IDLE: Duration = Duration::from_millis(500);
 
-/// Starts the releases of one session, until `stop`.
+/// Starts the releases of one session, until `stop`: first a read of
+/// `found`, the parking queues that exist (found while the session opens).
 pub(super) fn spawn(
     conn: Arc<Connection>,
+    found: BTreeSet<String>,
     publisher: Publisher,
     (control, parking): (Control, Parking),
     stop: CancellationToken,
 ) {
     tokio::spawn(async move {
         let mut since = now_ms().max(0) as u64;
-        let all = publisher.topology().parks_found(&conn).await;
-        let mut queues: BTreeSet<String> = all.unwrap_or_default().into_iter().collect();
+        let mut queues = found;
         loop {
             if !queues.is_empty() {
                 drop(parking.write().await);
