@@ -13,3 +13,4 @@ pub mod management;
 pub mod produce;
 pub(crate) mod render;
 pub mod status;
+mod status_probe;

@@ -3,28 +3,18 @@
 //! what AMQP cannot tell: unacked counts, the node this connection is on,
 //! the cluster's nodes and where each queue's leader and members are.
 
-use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
+use lapin::options::ExchangeDeleteOptions;
 use lapin::types::FieldTable;
 use serde::Serialize;
 
 use crate::amqp::bounded;
 use crate::config::{AmqpUrl, BrokerSettings};
 use crate::ops::events_status::{self, EventsStatus};
-use crate::ops::management::{Api, NodeStatus, Placement};
+use crate::ops::management::{Api, NodeStatus};
 use crate::topology::{lanes, Topology};
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct QueueStatus {
-    pub name: String,
-    /// `false` when the queue has not been declared yet.
-    pub exists: bool,
-    pub ready: u32,
-    /// From the management API; `None` when it was not asked or not reachable.
-    pub unacked: Option<u64>,
-    pub consumers: u32,
-    /// Type, leader and members (from the management API).
-    pub placement: Option<Placement>,
-}
+use super::status_probe::{read_cascade, read_parked, Probe};
+pub use super::status_probe::{CascadeQueueStatus, QueueStatus};
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Status {
@@ -111,33 +101,6 @@ async fn endpoints(broker: &BrokerSettings) -> Option<EndpointsStatus> {
 
 pub use crate::delay::report::Summary as ProbeSummary;
 
-/// One queue of the cascade: stage `stage`, digit `digit`.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct CascadeQueueStatus {
-    pub queue: String,
-    pub stage: u32,
-    pub digit: u32,
-    /// How long each message waits in this queue: digit × 16^stage ms.
-    pub ttl_ms: u64,
-    pub messages: u32,
-}
-
-/// Ready messages in every parking queue; 0 when none can be read.
-async fn read_parked(conn: &lapin::Connection, t: &Topology) -> u32 {
-    let Ok(parks) = t.parks_found(conn).await else {
-        return 0;
-    };
-    let Ok(ch) = conn.create_channel().await else {
-        return 0;
-    };
-    let mut n = 0;
-    for q in parks {
-        n += crate::topology::ready_count(&ch, &q).await.unwrap_or(0);
-    }
-    let _ = ch.close(200, "".into()).await;
-    n
-}
-
 pub async fn status(
     broker: &BrokerSettings,
     management_url: Option<&str>,
@@ -149,23 +112,7 @@ pub async fn status(
     let parked = read_parked(&conn, &t).await;
     let dead = probe.queue(&t.dead).await?;
     let hold = probe.queue(&crate::delay::cascade::hold(&t)).await?;
-    let mut cascade = vec![];
-    // The hold queue is declared before the stages: without it there is no
-    // cascade to show, and 120 passive declares of missing queues (each
-    // closing its channel) are skipped.
-    let stages = crate::delay::cascade::queues(&t).filter(|_| hold.exists);
-    for (stage, digit, name) in stages {
-        let q = probe.queue(&name).await?;
-        if q.exists {
-            cascade.push(CascadeQueueStatus {
-                queue: name,
-                stage,
-                digit,
-                ttl_ms: crate::delay::cascade::ttl_ms(stage, digit),
-                messages: q.ready,
-            });
-        }
-    }
+    let cascade = read_cascade(&mut probe, &t, hold.exists).await?;
     probe.close().await;
     let events = events_status::read(&conn, &t).await?;
     let delay_probes =
@@ -232,57 +179,6 @@ pub(crate) async fn queue(
     let q = probe.queue(name).await;
     probe.close().await;
     q
-}
-
-/// Passive declares that share one channel while the queues exist: a
-/// missing queue closes the channel (a soft error), and only then is a new
-/// one opened. `status` reads up to 123 queues, mostly existing ones.
-struct Probe<'a> {
-    conn: &'a lapin::Connection,
-    channel: Option<lapin::Channel>,
-}
-
-impl<'a> Probe<'a> {
-    fn new(conn: &'a lapin::Connection) -> Self {
-        Probe {
-            conn,
-            channel: None,
-        }
-    }
-
-    async fn queue(&mut self, name: &str) -> Result<QueueStatus, lapin::Error> {
-        let ch = match self.channel.take() {
-            Some(ch) => ch,
-            None => bounded(self.conn.create_channel()).await?,
-        };
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        let declared = bounded(ch.queue_declare(name.into(), passive, FieldTable::default())).await;
-        let (exists, ready, consumers) = match declared {
-            Ok(q) => {
-                self.channel = Some(ch);
-                (true, q.message_count(), q.consumer_count())
-            }
-            Err(e) if e.is_amqp_soft_error() => (false, 0, 0),
-            Err(e) => return Err(e),
-        };
-        Ok(QueueStatus {
-            name: name.into(),
-            exists,
-            ready,
-            unacked: None,
-            consumers,
-            placement: None,
-        })
-    }
-
-    async fn close(mut self) {
-        if let Some(ch) = self.channel.take() {
-            let _ = bounded(ch.close(200, "".into())).await;
-        }
-    }
 }
 
 /// Declares and deletes a throw-away `x-delayed-message` exchange, on a

@@ -14,6 +14,8 @@ use crate::control::Control;
 use crate::events::Emitter;
 use crate::history::Recorder;
 use crate::isolation::Endpoints;
+use crate::message::Notification;
+use crate::policy::EffectivePolicy;
 use crate::publish::Publisher;
 
 /// What every delivery task of one connection shares.
@@ -51,7 +53,7 @@ pub struct Context<H> {
     /// worker any more.
     pub stopping: CancellationToken,
     /// Parks against releases (`park.rs`), shared by every session.
-    pub(crate) parking: super::park::Parking,
+    pub(crate) parking: Parking,
 }
 
 /// What became of a delivery before its own ack: the copy it needed, if
@@ -75,4 +77,23 @@ impl HttpSpan {
     pub(crate) fn millis(&self) -> u64 {
         self.end.duration_since(self.start).as_millis() as u64
     }
+}
+
+/// Parks hold it for reading, a release for writing (`park.rs`).
+pub type Parking = Arc<tokio::sync::RwLock<()>>;
+
+/// The policy in force for this notification: its own fields, then its
+/// URL's `[[route]]`, then the worker's flags.
+pub(super) fn effective_policy<'a>(
+    settings: &'a WorkerSettings,
+    n: &'a Notification,
+) -> EffectivePolicy<'a> {
+    let route = settings.routes.find(&n.url);
+    EffectivePolicy::new(
+        &settings.policy,
+        &settings.rules,
+        settings.max_age,
+        route.map(|r| r.overrides()).unwrap_or_default(),
+        n.overrides(),
+    )
 }

@@ -150,7 +150,7 @@ fn shared(settings: &WorkerSettings, delay: crate::config::DelayBackend) -> Shar
         watch: Watch::new(settings.delay_probe, delay, settings.health.clone()),
         control: crate::control::Control::new(&settings.control),
         waiting: Arc::new(wait::WaitRoom::new(settings.endpoints.max_waiting)),
-        parking: park::Parking::default(),
+        parking: context::Parking::default(),
     }
 }
 

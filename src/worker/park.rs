@@ -4,21 +4,17 @@
 //! while the pause lasts.
 //!
 //! A park is a copy confirmed before the original's ack, like a retry. It
-//! happens under a read lock of [`Parking`]: a release takes the write lock
+//! happens under a read lock of `Context::parking`: a release takes the write lock
 //! before it reads the queue, so a park still under way when a resume is
 //! read lands before the release reads, and one that starts after sees the
 //! resume and delivers instead.
 
-use std::sync::Arc;
-
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use tokio::sync::RwLock;
 use tracing::debug;
 
-use super::context::{Context, Done};
+use super::context::{effective_policy, Context, Done};
 use super::copy::lane_key;
-use super::process::effective_policy;
 use crate::clock::now_ms;
 use crate::message::state::RetryState;
 use crate::message::target::Target;
@@ -26,9 +22,6 @@ use crate::message::Notification;
 use crate::publish::{republish_properties, PublishError};
 use crate::telemetry;
 use crate::topology::lanes::lane_of_key;
-
-/// Parks hold it for reading, a release for writing (see the module).
-pub type Parking = Arc<RwLock<()>>;
 
 /// When the copy was parked, in ms since the epoch: a release reads what
 /// was parked before it began and stops at what was parked after.

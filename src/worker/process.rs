@@ -14,7 +14,7 @@ use lapin::message::Delivery;
 use tracing::{info, warn};
 
 use super::admit::{admit, held_back, take_slot, Slot};
-use super::context::{Context, Done, HttpSpan};
+use super::context::{effective_policy, Context, Done, HttpSpan};
 use super::copy::{copy, dead_letter_expired, dead_letter_invalid, defer};
 use super::feed::Lease;
 use super::notify;
@@ -28,7 +28,7 @@ use crate::isolation::{Admission, DeferReason, Outcome, Pass, PARK_WAIT};
 use crate::message::state::{AttemptRecord, RetryState};
 use crate::message::{self, InvalidMessage, Notification};
 use crate::policy::{
-    self, decide, Action, AttemptResult, Classified, DeadReason, Decision, EffectivePolicy, Verdict,
+    self, decide, Action, AttemptResult, Classified, DeadReason, Decision, Verdict,
 };
 use crate::publish::PublishError;
 use crate::telemetry;
@@ -302,22 +302,6 @@ fn outcome(decision: &Decision) -> Outcome {
         error: c.error.clone(),
         retry_due_ms,
     }
-}
-
-/// The policy in force for this notification: its own fields, then its
-/// URL's `[[route]]`, then the worker's flags.
-pub(super) fn effective_policy<'a>(
-    settings: &'a WorkerSettings,
-    n: &'a Notification,
-) -> EffectivePolicy<'a> {
-    let route = settings.routes.find(&n.url);
-    EffectivePolicy::new(
-        &settings.policy,
-        &settings.rules,
-        settings.max_age,
-        route.map(|r| r.overrides()).unwrap_or_default(),
-        n.overrides(),
-    )
 }
 
 /// The retry decision for this attempt under the effective policy.

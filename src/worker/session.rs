@@ -13,10 +13,10 @@ use tracing::warn;
 
 use super::admit::Slot;
 use super::context::Context;
+use super::context::Parking;
 use super::error::WorkerError;
 use super::feed::Feed;
 use super::lanes::open_feed;
-use super::park::Parking;
 use super::process::process;
 use super::wait::WaitRoom;
 use crate::config::{BrokerSettings, DelayBackend, WorkerSettings};
@@ -147,7 +147,8 @@ impl<H: DeliveryHandler> Session<H> {
         // The consumer comes after the publisher: nothing is pulled
         // before its copies could be made.
         let feed = open_feed(conn, &topology, (settings, prefetch(settings)), node).await?;
-        let parks = topology.parks_found(conn).await?.into_iter().collect();
+        let parking = (shared.control.clone(), shared.parking.clone());
+        super::unpark::start(conn, &publisher, parking, &helpers).await?;
         let hard_stop = CancellationToken::new();
         let stops = (&tracker, &helpers, &hard_stop);
         let hold_failed =
@@ -158,14 +159,6 @@ impl<H: DeliveryHandler> Session<H> {
             Some(p) => p.spawn(helpers.clone(), events.clone()),
             None => CancellationToken::new(),
         };
-        let parking = (shared.control.clone(), shared.parking.clone());
-        super::unpark::spawn(
-            conn.clone(),
-            parks,
-            publisher.clone(),
-            parking,
-            helpers.clone(),
-        );
         let ctx = context(
             handler,
             (publisher, events, history),

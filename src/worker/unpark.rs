@@ -22,13 +22,15 @@ use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::park::{parked_at, plan, with_expiry, Move, Parking, PARKED_AT};
+use super::context::Parking;
+use super::park::{parked_at, plan, with_expiry, Move, PARKED_AT};
 use crate::clock::now_ms;
 use crate::control::{Control, Gate};
 use crate::message::target::Target;
 use crate::publish::{republish_properties, retain_headers, PublishError, Publisher};
 use crate::telemetry;
 use crate::topology::lanes::{bucket_of, key_of_payload, lane_of, url_of_payload};
+use crate::topology::TopologyError;
 
 /// Moves in flight at once during a read (and the read's prefetch).
 const MOVES: u16 = 128;
@@ -37,9 +39,24 @@ const MOVES: u16 = 128;
 /// is held by another worker reading it too.
 const IDLE: Duration = Duration::from_millis(500);
 
-/// Starts the releases of one session, until `stop`: first a read of
-/// `found`, the parking queues that exist (found while the session opens).
-pub(super) fn spawn(
+/// Finds the parking queues that exist, while the session opens (a
+/// passive declare of a missing one closes its channel, best not beside
+/// the session's other channels), then starts the releases of the session
+/// until `stop`: first a read of those found.
+pub(super) async fn start(
+    conn: &Arc<Connection>,
+    publisher: &Publisher,
+    (control, parking): (Control, Parking),
+    stop: &CancellationToken,
+) -> Result<(), TopologyError> {
+    let found = publisher.topology().parks_found(conn).await?;
+    let (conn, publisher, stop) = (conn.clone(), publisher.clone(), stop.clone());
+    let found: BTreeSet<String> = found.into_iter().collect();
+    spawn(conn, found, publisher, (control, parking), stop);
+    Ok(())
+}
+
+fn spawn(
     conn: Arc<Connection>,
     found: BTreeSet<String>,
     publisher: Publisher,
