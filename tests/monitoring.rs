@@ -155,17 +155,20 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
-/// Traffic for the whole test: most notifications succeed, one in five
-/// is answered 500 once, one in ten goes to a receiver that always
-/// answers 503 (its breaker opens; they dead-letter after 3 attempts).
+/// Traffic for the whole test: most notifications succeed, one in ten
+/// is answered 500 once (a retry), one in ten goes to a receiver that
+/// always answers 503: each of those dead-letters after its one attempt,
+/// and ten in a row open its breaker. (With 3 attempts, a dead letter
+/// needed one to reach its third before the breaker opened: after that,
+/// its deliveries are deferred unattempted, and only probes attempt.)
 async fn traffic(app: &TestApp, ok: &Receiver, down: &Receiver, until: Instant) {
     let mut i = 0;
     while Instant::now() < until {
         let mut batch = Vec::new();
         for _ in 0..10 {
-            let rx = if i % 10 == 9 { down } else { ok };
+            let (rx, attempts) = if i % 10 == 9 { (down, 1) } else { (ok, 3) };
             let id = format!("m-{i}");
-            batch.push(serde_json::json!({"url": rx.url("/"), "id": id, "schedule": ["1s"], "max_attempts": 3}));
+            batch.push(serde_json::json!({"url": rx.url("/"), "id": id, "schedule": ["1s"], "max_attempts": attempts}));
             i += 1;
         }
         app.publish(&batch).await;
