@@ -88,11 +88,12 @@ async fn a_paced_replay_holds_its_rate_at_the_receiver() {
     assert!(took.as_secs_f64() >= 9.0, "took {took:?}, under 9 s");
     // The replay paces its republishes; the worker that delivers them,
     // starved by other suites on this machine, once sent a second's worth
-    // late and the next on time (243 in one second), and once 442 in two.
-    // Two seconds at the pace are 400; a worker stalled for half a second
-    // bunches 100 more. Twice the pace would show 800, and an unpaced
-    // replay (2,000 in about 2 s) far more.
-    assert!(peak2 <= 500, "the receiver saw {peak2} in two seconds");
+    // late and the next on time (243 in one second), once 442 in two, and
+    // once (CI, the 4.3.6 pass) 534 in two. Two seconds at the pace are
+    // 400; a worker stalled for most of a second bunches up to 200 more.
+    // Twice the pace would show 800, and an unpaced replay (2,000 in about
+    // 2 s) far more.
+    assert!(peak2 <= 600, "the receiver saw {peak2} in two seconds");
     assert_each_once(&rx, 2000);
     assert_eq!(app.queue_len("dead").await, 0);
 }
