@@ -1,7 +1,7 @@
 //! The `redeliver` binary: argv → logs → signals → one library call.
 //! Everything else is in the library (`redeliver::cli`).
 
-use redeliver::cli::{self, errors, file, Command, DlqCommand};
+use redeliver::cli::{self, errors, merge, Command, DlqCommand};
 use redeliver::telemetry::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +15,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let argv: Vec<_> = std::env::args_os().collect();
     // Flags, then env, then the --config file, then defaults.
-    let cli = match file::parse_args(argv.clone()) {
+    let cli = match merge::parse_args(argv.clone()) {
         Ok((cli, _)) => cli,
         Err(e) => e.exit(),
     };

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::dead_letters::{assert_unchanged, dead, fixture, now_ms};
+use common::dead_letters::{assert_unchanged, dead, fixture, now_ms, rabbitmqctl_counts};
 use common::harness::*;
 use common::process::Proc;
 use common::receiver::{Receiver, Reply};
@@ -247,30 +247,6 @@ async fn status_counts_match_the_broker() {
         .output();
     let plain = stdout(&on_plain.expect("run redeliver"));
     assert!(plain.contains("MISSING"), "{plain}");
-}
-
-/// Ready, unacked and consumers of each queue, as `rabbitmqctl` on the
-/// test node lists them (empty for a queue it does not list).
-fn rabbitmqctl_counts(queues: &[String]) -> Vec<Vec<u64>> {
-    let args = [
-        "rabbitmqctl",
-        "list_queues",
-        "-q",
-        "--no-table-headers",
-        "name",
-        "messages_ready",
-        "messages_unacknowledged",
-        "consumers",
-    ];
-    let listed = common::ctl_output(common::default_port(), &args);
-    let row = |q: &str| -> Vec<u64> {
-        let line = listed
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(q));
-        let counts = line.map(|l| l.split_whitespace().skip(1).map(|n| n.parse().unwrap()));
-        counts.map(Iterator::collect).unwrap_or_default()
-    };
-    queues.iter().map(|q| row(q)).collect()
 }
 
 async fn killing_replay_midway_loses_nothing(backend: DelayBackend) {

@@ -205,7 +205,8 @@ async fn the_api_and_the_cli_answer_as_documented() {
     let w = app.spawn_worker(schedule_settings("1s", 3, 4));
     app.publish(&[json!({"url": rx.url("/"), "id": "one"})])
         .await;
-    assert!(wait_until(Duration::from_secs(10), || rx.count() == 1).await);
+    // The worker's start is part of this wait (slow on a busy CI node).
+    assert!(wait_until(Duration::from_secs(60), || rx.count() == 1).await);
     let console = TestConsole::start(&app.broker()).await;
     assert!(console.ready(Duration::from_secs(20)).await);
     assert_eq!(

@@ -132,7 +132,10 @@ async fn scenario(name: &str, backend: DelayBackend) -> Report {
     let rx = Receiver::start_on(&format!("{}:0", net::HOST), flaky).await;
     let workers = Workers::start(WORKERS, &net.urls, &app.prefix, backend, &dir);
     assert!(
-        app.wait_consumer_count("work", WORKERS as u32).await,
+        // A fresh cluster declares every quorum queue with three members:
+        // under CI's load the workers took 15.5 s once.
+        app.wait_consumer_count_within("work", WORKERS as u32, Duration::from_secs(60))
+            .await,
         "the workers did not start consuming"
     );
     let producer = Producer::start(&net.urls, &app.prefix, backend, &rx.base, &dir);

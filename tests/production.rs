@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::harness::*;
-use common::process::Proc;
+use common::metrics::{admin, get, ready, start, status};
 use common::receiver::{Receiver, Reply};
 use common::{redeliver_command, TestApp};
 use redeliver::config::SigningSecret;
@@ -119,26 +118,6 @@ async fn routes_override_policy_and_success_body() {
     assert_eq!(reqs.iter().filter(|r| r.path == "/loose").count(), 1);
 }
 
-/// `redeliver run ARGS` from `cmd`, its log format left to the default
-/// (JSON, as stderr is not a terminal).
-fn start(mut cmd: Command, args: &[&str]) -> Proc {
-    cmd.arg("run").args(args);
-    Proc::spawn(cmd)
-}
-
-/// The admin endpoint's URL, once the worker has logged it.
-async fn admin(w: &Proc) -> String {
-    let addr = || {
-        w.json().into_iter().find_map(|v| {
-            let m = v["message"].as_str()?.starts_with("admin endpoint");
-            m.then(|| v["addr"].as_str().map(str::to_string)).flatten()
-        })
-    };
-    let logged = wait_until(Duration::from_secs(10), || addr().is_some()).await;
-    assert!(logged, "no admin address logged: {:?}", w.stderr());
-    format!("http://{}", addr().unwrap())
-}
-
 /// With the cascade, a worker holds short delays, at most
 /// `--hold-prefetch` at once, and counts them in `redeliver_held` until it
 /// releases them.
@@ -188,24 +167,6 @@ async fn held_gauge_counts_short_delays() {
     assert_eq!(most_held, 3, "the most held at once");
     assert!(after.contains("redeliver_held 0"), "{after}");
     assert!(after.contains("# HELP redeliver_held"), "{after}");
-}
-
-async fn get(url: &str) -> (u16, String) {
-    let r = reqwest::get(url).await.unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
-}
-
-/// The status of `url`, or `None` when nothing answers.
-async fn status(url: &str) -> Option<u16> {
-    reqwest::get(url).await.ok().map(|r| r.status().as_u16())
-}
-
-async fn ready(admin: &str) -> bool {
-    let readyz = format!("{admin}/readyz");
-    wait_until_async(Duration::from_secs(10), async || {
-        status(&readyz).await == Some(200)
-    })
-    .await
 }
 
 /// `/healthz`, `/readyz` and `/metrics` of a real worker process, and its

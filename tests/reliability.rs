@@ -235,16 +235,23 @@ async fn delivered_after_a_crash(app: &TestApp, port: u16, settle: Duration) -> 
 }
 
 /// Originals held for `--retry-settle` leave the prefetch to deliveries
-/// waiting for an attempt: with room for one held original and a 60 s
-/// settle, 40 notifications that each fail once are all retried and
-/// delivered well within the settle, not one prefetch's worth a minute.
+/// waiting for an attempt: with room for one held original and a 120 s
+/// settle, 24 notifications that each fail once are all retried and
+/// delivered within the settle, where the old limit retried about three
+/// (the prefetch's room) and then nothing until the settle ended.
+///
+/// Each retry costs a consumer rotation (a channel, its prefetch, a
+/// consume and a cancel, one after another), and the retries queue behind
+/// the first attempts: about 2 s for 40 alone, but over 1 s a rotation on
+/// a busy CI node (38 first attempts and no retry in 50 s once). So the
+/// wait is 110 s, short of the settle, and passes as soon as all arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn settling_originals_do_not_take_the_prefetch() {
-    const N: usize = 40;
+    const N: usize = 24;
     let app = TestApp::new("rotate", PLUGIN);
     let rx = Receiver::start(|r| Reply::status(if r.nth == 1 { 500 } else { 200 })).await;
     let mut settings = schedule_settings("1ms", 3, 2);
-    settings.retry_settle = Duration::from_secs(60);
+    settings.retry_settle = Duration::from_secs(120);
     // Two slots and one place for a held original: the old limit would
     // stall after the first retry.
     settings.prefetch = Some(3);
@@ -258,7 +265,9 @@ async fn settling_originals_do_not_take_the_prefetch() {
         let by_id = rx.count_by_id();
         by_id.len() == N && by_id.values().all(|&n| n >= 2)
     };
-    let delivered = wait_until(Duration::from_secs(20), done).await;
+    let started = Instant::now();
+    let delivered = wait_until(Duration::from_secs(110), done).await;
+    println!("all {N} retried and delivered in {:?}", started.elapsed());
     w.stop().await;
     assert!(delivered, "requests by id: {:?}", rx.count_by_id());
 }

@@ -1,7 +1,7 @@
 //! Phase 17: the console's index on its own, without a broker: how fast it
 //! ingests records (batches of 1,000, as the follower writes them), how
 //! long `show` and a filtered `list` take once it holds many (10 million;
-//! 100,000 with `--quick`), and the bytes per record as JSON (what the
+//! 20,000 with `--quick`), and the bytes per record as JSON (what the
 //! stream carries) and on disk.
 
 use std::path::Path;
@@ -27,7 +27,7 @@ struct Figures {
 
 impl Bench {
     pub(super) async fn history_index(&mut self) -> anyhow::Result<()> {
-        let n = if self.opts.quick { 100_000 } else { 10_000_000 };
+        let n = if self.opts.quick { 20_000 } else { 10_000_000 };
         let dir = std::env::temp_dir().join(format!(
             "redeliver-bench-index-{}",
             uuid::Uuid::new_v4().simple()

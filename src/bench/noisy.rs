@@ -44,7 +44,7 @@ impl Bad {
 
 /// The bad endpoint, answering as its mode says. `Refuse` has no server:
 /// its port was bound and released, so nothing listens.
-struct BadSink {
+pub(super) struct BadSink {
     url: String,
     /// Its `endpoint` metrics label (host:port).
     label: String,
@@ -110,6 +110,7 @@ async fn answer(State(bad): State<Bad>) -> (StatusCode, HeaderMap) {
 }
 
 /// What one run measured.
+#[derive(Clone, Copy)]
 struct Run {
     healthy_per_s: f64,
     bad_attempts_per_s: f64,
@@ -122,15 +123,20 @@ struct Run {
 /// republished through the delay backend), and the CPU seconds the worker
 /// and the broker used, over one drain.
 #[derive(Default, Clone, Copy)]
-struct Cost {
+pub(super) struct Cost {
     deferred: f64,
     waits: f64,
     republished: f64,
-    single_acks: f64,
+    pub(super) single_acks: f64,
     /// Those sent on the healthy endpoint's lane.
     own_lane_single_acks: f64,
     worker_cpu_s: f64,
-    broker_cpu_s: f64,
+    pub(super) broker_cpu_s: f64,
+    /// In the parking queues when the last healthy one arrived.
+    pub(super) parked: f64,
+    /// The healthy endpoint's own deferrals: each holds a tag of its lane
+    /// open, so its acks go alone.
+    own_deferred: f64,
 }
 
 impl Cost {
@@ -148,6 +154,8 @@ impl Cost {
             own_lane_single_acks: m(|c| c.own_lane_single_acks),
             worker_cpu_s: m(|c| c.worker_cpu_s),
             broker_cpu_s: m(|c| c.broker_cpu_s),
+            parked: m(|c| c.parked),
+            own_deferred: m(|c| c.own_deferred),
         }
     }
 }
@@ -158,28 +166,37 @@ const TARGET: &str = "≥ 0.90";
 impl Bench {
     /// The four cases on the default flags; with the plugin backend also
     /// with `--retry-settle 0s`, since a deferral's original is held for
-    /// the settle like a retry's, in the prefetch room.
+    /// the settle like a retry's, in the prefetch room (not under
+    /// `--quick`: the same runs on other flags, twice the phase's time).
     pub(super) async fn noisy_neighbour(&mut self) -> anyhow::Result<()> {
         self.noisy_cases(&[]).await?;
-        if self.opts.broker.delay == crate::config::DelayBackend::Plugin {
+        if self.opts.broker.delay == crate::config::DelayBackend::Plugin && !self.opts.quick {
             self.noisy_cases(&["--retry-settle", "0s"]).await?;
         }
         Ok(())
     }
 
     /// Each case in alternating pairs with the healthy endpoint alone
-    /// (alone, beside, alone, beside, …), read as the median ratio.
+    /// (alone, beside, alone, beside, …), read as the median ratio. Under
+    /// `--quick` one run alone serves every case: the phase only has to run.
     async fn noisy_cases(&mut self, extra: &[&str]) -> anyhow::Result<()> {
         let p = Phase::Noisy;
         let how = match extra {
             [] => String::new(),
             _ => format!(" ({})", extra.join(" ")),
         };
+        let once = match self.opts.quick {
+            true => Some(self.noisy_run(None, extra).await?),
+            false => None,
+        };
         let mut alone_runs = vec![];
         for bad in Bad::ALL {
             let (mut pairs, mut runs) = (vec![], vec![]);
             for _ in 0..self.pairs() {
-                let alone = self.noisy_run(None, extra).await?;
+                let alone = match once {
+                    Some(run) => run,
+                    None => self.noisy_run(None, extra).await?,
+                };
                 let beside = self.noisy_run(Some(bad), extra).await?;
                 pairs.push((beside.healthy_per_s, alone.healthy_per_s));
                 alone_runs.push(alone);
@@ -207,6 +224,8 @@ impl Bench {
         let per_10k = 10_000.0 / self.sizes.noisy_n.max(1) as f64;
         let name = format!("{what}: deferrals per 10,000 healthy");
         self.push(p, name, Some(c.deferred * per_10k), "n");
+        let name = format!("{what}: the healthy endpoint's own deferrals per 10,000");
+        self.push(p, name, Some(c.own_deferred * per_10k), "n");
         let name = format!("{what}: waits taken in the worker per 10,000 healthy");
         self.push(p, name, Some(c.waits * per_10k), "n");
         let name = format!("{what}: deferrals republished per 10,000 healthy");
@@ -220,6 +239,8 @@ impl Bench {
         let name = format!("{what}: broker CPU per 10,000 healthy");
         let broker = Some(c.broker_cpu_s * per_10k).filter(|s| *s > 0.0);
         self.push(p, name, broker, "s");
+        let name = format!("{what}: parked at the end (nothing is paused)");
+        self.push(p, name, Some(c.parked), "n");
     }
 
     /// Drains a backlog of `noisy_n` healthy notifications (plus one in
@@ -267,7 +288,7 @@ impl Bench {
     /// `healthy`; returns the bad endpoint's HTTP attempts, read from the
     /// worker's own `/metrics` (a refused connection reaches no server),
     /// and what the drain cost.
-    async fn drain_and_count(
+    pub(super) async fn drain_and_count(
         &self,
         prefix: &str,
         healthy: usize,
@@ -297,6 +318,12 @@ impl Bench {
         let own = format!("queue=\"{}\"", t.lane(lane_of_url(&self.sink.url("/ok"))));
         let series = ["kind=\"single\"", own.as_str()];
         cost.own_lane_single_acks = metric_all(admin, ACK_FRAMES, &series).await as f64;
+        cost.parked = crate::topology::ready_total(&self.conn, t.park_names()).await as f64;
+        let own = format!("endpoint=\"{}\"", self.sink.addr);
+        cost.own_deferred = metric(admin, DEFERRED, &own).await as f64;
+        if let Ok(path) = std::env::var("REDELIVER_BENCH_METRICS") {
+            let _ = std::fs::write(format!("{path}.{prefix}"), metrics_text(admin).await);
+        }
         let attempts = match bad {
             Some(b) => {
                 let series = format!("endpoint=\"{}\"", b.label);
@@ -339,13 +366,18 @@ async fn metric(admin: u16, name: &str, series: &str) -> u64 {
     metric_all(admin, name, &[series]).await
 }
 
+/// The worker's `/metrics` page; empty when unreadable.
+async fn metrics_text(admin: u16) -> String {
+    match reqwest::get(format!("http://127.0.0.1:{admin}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
 /// [`metric`] over the series that have every one of `labels`.
 async fn metric_all(admin: u16, name: &str, labels: &[&str]) -> u64 {
-    let text = match reqwest::get(format!("http://127.0.0.1:{admin}/metrics")).await {
-        Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => return 0,
-    };
-    let sum: f64 = text
+    let sum: f64 = metrics_text(admin)
+        .await
         .lines()
         .filter(|l| l.starts_with(name) && labels.iter().all(|s| l.contains(s)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -72,6 +72,10 @@ struct Shared {
 /// A running sink; dropped, it stops.
 pub struct Sink {
     pub addr: SocketAddr,
+    /// More listeners of the same sink: each is an endpoint of its own
+    /// (scheme, host and port), so a backlog spread over them spreads
+    /// over the lanes (phase 10).
+    others: Vec<SocketAddr>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 }
@@ -93,26 +97,46 @@ impl Seen {
     }
 }
 
+/// Listeners past the main one.
+pub const SPREAD: usize = 15;
+
 impl Sink {
     pub async fn start() -> std::io::Result<Sink> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let app = axum::Router::new()
             .fallback(answer)
             .with_state(shared.clone());
         let stop = CancellationToken::new();
-        let signal = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(signal)
-                .await;
-        });
-        Ok(Sink { addr, shared, stop })
+        let mut addrs = Vec::new();
+        for _ in 0..=SPREAD {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            addrs.push(listener.local_addr()?);
+            let (app, signal) = (app.clone(), stop.clone().cancelled_owned());
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .await;
+            });
+        }
+        let addr = addrs.remove(0);
+        Ok(Sink {
+            addr,
+            others: addrs,
+            shared,
+            stop,
+        })
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The URL of endpoint `i` of [`SPREAD`] + 1 (the main one is 0).
+    pub fn spread_url(&self, i: usize, path: &str) -> String {
+        match i % (SPREAD + 1) {
+            0 => self.url(path),
+            k => format!("http://{}{path}", self.others[k - 1]),
+        }
     }
 
     /// Clears the counters and sets how to answer.

@@ -1,11 +1,15 @@
 //! Phase 15, endpoint state: what the shared endpoint state costs a
 //! delivery (`crate::control`). End to end on the default flags, with no
 //! target paused, next to end to end with 1,000 other endpoints paused
-//! (each delivery then asks the table of what is in force), in pairs on
-//! fresh prefixes, each kind first in turn, 100,000 notifications a drain;
-//! the target is the median of the pairs' ratios.
+//! (each delivery then asks the table of what is in force) and one
+//! notification to each of them in the backlog (parked as it comes:
+//! `crate::worker`'s parking), in pairs on fresh prefixes, each kind
+//! first in turn, 100,000 notifications a drain; the target is the median
+//! of the pairs' ratios. Broker CPU and single ack frames per 10,000
+//! deliveries, and the parked count, are read for each kind.
 
-use super::load;
+use super::load::{self, Item};
+use super::noisy::Cost;
 use super::options::Phase;
 use super::phases::Bench;
 use super::sink::Mode;
@@ -23,21 +27,22 @@ const MIN_N: usize = 100_000;
 
 impl Bench {
     pub(super) async fn endpoint_state(&mut self) -> anyhow::Result<()> {
-        let c = self.sizes.concurrency;
         // Drains of a few seconds: at the default n one lasts about one,
         // and a single hiccup moves its rate by several percent.
         let (n, pairs) = match self.opts.quick {
             true => (self.sizes.n, 1),
             false => (self.sizes.n.max(MIN_N), PAIRS),
         };
-        let args = Self::concurrency_args(c);
         let (mut none, mut paused, mut ratios) = (vec![], vec![], vec![]);
+        let mut costs: [Vec<Cost>; 2] = [vec![], vec![]];
         for i in 0..pairs {
             // Each kind goes first in turn, so order costs neither.
             let order = if i % 2 == 0 { [0, PAUSED] } else { [PAUSED, 0] };
             let mut rates = [0.0; 2];
             for (slot, k) in rates.iter_mut().zip(order) {
-                *slot = self.drain_beside_paused(n, &args, k).await?;
+                let (rate, cost) = self.drain_beside_paused(n, k).await?;
+                costs[usize::from(k > 0)].push(cost);
+                *slot = rate;
             }
             let (a, b) = if i % 2 == 0 {
                 (rates[0], rates[1])
@@ -48,6 +53,7 @@ impl Bench {
             paused.push(b);
             ratios.push(b / a);
         }
+        self.push_state_costs(n, &costs);
         let p = Phase::EndpointState;
         self.push(
             p,
@@ -63,27 +69,55 @@ impl Bench {
         Ok(())
     }
 
+    /// Medians per kind (none, paused) of the broker CPU and single ack
+    /// frames per 10,000 deliveries, and of the parked count.
+    fn push_state_costs(&mut self, n: usize, costs: &[Vec<Cost>; 2]) {
+        let p = Phase::EndpointState;
+        let per_10k = 10_000.0 / n.max(1) as f64;
+        for (kind, runs) in ["nothing paused", "1,000 paused"].iter().zip(costs) {
+            let m = |f: fn(&Cost) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+            let name = format!("{kind}: broker CPU per 10,000 deliveries");
+            let broker = Some(m(|c| c.broker_cpu_s) * per_10k).filter(|s| *s > 0.0);
+            self.push(p, name, broker, "s");
+            let name = format!("{kind}: single ack frames per 10,000 deliveries");
+            self.push(p, name, Some(m(|c| c.single_acks) * per_10k), "n");
+            let name = format!("{kind}: parked at the end");
+            self.push(p, name, Some(m(|c| c.parked)), "n");
+        }
+    }
+
     /// Drains `n` notifications with one worker on a fresh prefix whose
-    /// state has `paused` other endpoints paused first; the rate.
-    async fn drain_beside_paused(
-        &self,
-        n: usize,
-        args: &[String],
-        paused: usize,
-    ) -> anyhow::Result<f64> {
+    /// state has `paused` other endpoints paused first, with one
+    /// notification to each of those spread through the backlog; the
+    /// rate of the `n`, and what the drain cost.
+    async fn drain_beside_paused(&self, n: usize, paused: usize) -> anyhow::Result<(f64, Cost)> {
         self.sink.reset(Mode::default());
         let prefix = self.prefix("state");
-        let items = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+        let healthy = self.items(n, "/ok", |_| None, |i, _| format!(r#"{{"i":{i}}}"#));
+        let every = (n / paused.max(1)).max(1);
+        let items = healthy.enumerate().flat_map(move |(i, item)| {
+            let k = i / every;
+            let to_paused = (i % every == every - 1 && k < paused).then(|| Item {
+                json: format!(r#"{{"url":"{}/","body":{{}}}}"#, paused_url(k)),
+                delay: None,
+            });
+            std::iter::once(item).chain(to_paused)
+        });
         let drained = async {
             load::preload(&self.conn, &self.opts.broker, &prefix, items).await?;
             pause_others(&self.conn, &prefix, paused).await?;
-            self.drain_with(&prefix, 1, args, n).await
+            self.drain_and_count(&prefix, n, None, &[]).await
         }
         .await;
         load::remove(&self.conn, &prefix).await;
-        drained?;
-        Ok(self.sink.seen().rate())
+        let (_, cost) = drained?;
+        Ok((self.sink.seen().rate(), cost))
     }
+}
+
+/// Paused endpoint `i`: a host the sink is not.
+fn paused_url(i: usize) -> String {
+    format!("https://paused-{i}.bench.invalid")
 }
 
 /// Pauses `n` endpoints on hosts the sink is not, as `endpoint pause` would.
@@ -92,7 +126,7 @@ async fn pause_others(conn: &lapin::Connection, prefix: &str, n: usize) -> anyho
     stream::declare(conn, &t.endpoint_state).await?;
     let writer = stream::Writer::open(conn, &t.endpoint_state).await?;
     for i in 0..n {
-        let target = Target::parse(&format!("https://paused-{i}.bench.invalid"))?;
+        let target = Target::parse(&paused_url(i))?;
         let change = Change::Pause {
             target,
             reason: Some("bench".into()),

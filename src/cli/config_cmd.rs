@@ -8,7 +8,8 @@ use anyhow::Context as _;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 
-use crate::cli::file::{arg_id, known_keys, merged_matches, ConfigFile};
+use crate::cli::file::{known_keys, ConfigFile};
+use crate::cli::merge::{arg_id, merged_matches};
 use crate::config::{expiry_warning, redact_url, ProxySetting, SigningSecret};
 use std::time::SystemTime;
 

@@ -10,6 +10,7 @@ pub mod endpoint;
 pub mod errors;
 pub mod file;
 pub mod history;
+pub mod merge;
 pub mod ops;
 mod replay;
 mod route;

@@ -65,6 +65,7 @@ pub fn worker_settings(args: &RunArgs, backend: DelayBackend) -> anyhow::Result<
         max_age: Some(args.endpoint.max_age).filter(|d| !d.is_zero()),
         control: crate::config::ControlSettings {
             disable_after: args.endpoint.disable_after.0,
+            breaker_park_after: args.endpoint.breaker_park_after.0.filter(|d| !d.is_zero()),
         },
         ops_events: crate::config::EventSettings {
             url: args.events.events_url.clone(),

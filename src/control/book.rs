@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::fold;
-pub use super::fold::EXPIRED;
+pub use super::fold::{BREAKER_PAUSE, EXPIRED, PROBED};
 use super::record::{Change, Record};
 pub use super::state::{Claim, Entry, KeyState, Mode, FORGET_AFTER_MS};
 use crate::message::target::Target;

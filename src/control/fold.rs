@@ -7,9 +7,10 @@
 //!   second disable change nothing and leave no entry. A disable wins over
 //!   a pause: a pause of a disabled target changes nothing.
 //! - A worker's decisions apply only while what they judged still stands:
-//!   the resume that closes an expired pause only that pause (its id says
-//!   which), an automatic disable only the failing it measured, and only
-//!   while nothing else holds the target.
+//!   the resume that closes an expired or probed pause only that pause
+//!   (its id says which), a breaker's pause only an active target, an
+//!   automatic disable only the failing it measured, and only while
+//!   nothing else holds the target.
 //! - `failing` and `recovered` move the shared failing clock.
 
 use super::record::{Change, Record};
@@ -17,6 +18,13 @@ use super::state::{Claim, Entry, KeyState, Mode, CLAIM_TTL_MS};
 
 /// The id prefix of the resume that ends an expired pause.
 pub const EXPIRED: &str = "expired:";
+/// A worker's pause of an endpoint whose breaker has been open long
+/// (`super::breakers`): it applies only to an active target, and leaves
+/// the failing clock running.
+pub use super::state::BREAKER_PAUSE;
+/// The id prefix of the resume a worker writes when its probe closed the
+/// breaker of such a pause; like an expiry's, it ends only that pause.
+pub const PROBED: &str = "probed:";
 
 /// Applies `r` to `k`; `true` when the mode changed.
 pub(super) fn apply(k: &mut KeyState, r: &Record) -> bool {
@@ -50,7 +58,7 @@ fn operator(k: &mut KeyState, r: &Record) -> bool {
     match &r.change {
         Change::Pause {
             reason, until_ms, ..
-        } if !disabled => {
+        } if !disabled && (k.control == Mode::Active || !r.id.starts_with(BREAKER_PAUSE)) => {
             let mode = Mode::Paused {
                 since_ms: r.at_ms,
                 until_ms: *until_ms,
@@ -58,14 +66,23 @@ fn operator(k: &mut KeyState, r: &Record) -> bool {
                 by: r.by.clone(),
                 id: r.id.clone(),
             };
-            k.set(mode, entry("paused", reason, *until_ms));
+            let e = entry("paused", reason, *until_ms);
+            match r.id.starts_with(BREAKER_PAUSE) {
+                true => k.keep_clock(mode, e),
+                false => k.set(mode, e),
+            }
         }
         Change::Resume { .. } if closes_pause(&k.control, &r.id) => {
-            let what = match r.id.starts_with(EXPIRED) {
-                true => "pause expired",
-                false => "resumed",
+            let what = match (r.id.starts_with(EXPIRED), r.id.starts_with(PROBED)) {
+                (true, _) => "pause expired",
+                (_, true) => "resumed by a probe",
+                _ => "resumed",
             };
-            k.set(Mode::Active, entry(what, &None, None));
+            let e = entry(what, &None, None);
+            match k.control.clock_runs() {
+                true => k.keep_clock(Mode::Active, e),
+                false => k.set(Mode::Active, e),
+            }
         }
         Change::Disable {
             reason,
@@ -87,14 +104,15 @@ fn operator(k: &mut KeyState, r: &Record) -> bool {
     true
 }
 
-/// An operator's resume ends any pause; a worker's (`expired:<id>`) only
-/// the pause it saw expire.
+/// An operator's resume ends any pause; a worker's (`expired:<id>`,
+/// `probed:<id>`) only the pause it saw expire or probed.
 fn closes_pause(mode: &Mode, resume_id: &str) -> bool {
     let Mode::Paused { id, .. } = mode else {
         return false;
     };
-    match resume_id.strip_prefix(EXPIRED) {
-        Some(expired) => expired == id,
+    let scoped = resume_id.strip_prefix(EXPIRED);
+    match scoped.or_else(|| resume_id.strip_prefix(PROBED)) {
+        Some(ended) => ended == id,
         None => true,
     }
 }
@@ -104,13 +122,13 @@ fn closes_pause(mode: &Mode, resume_id: &str) -> bool {
 fn judged_failing_stands(k: &KeyState, judged: Option<u64>) -> bool {
     match judged {
         None => true,
-        Some(since) => k.control == Mode::Active && k.failing_since_ms == Some(since),
+        Some(since) => k.control.clock_runs() && k.failing_since_ms == Some(since),
     }
 }
 
 /// The first claim on the current failing wins; a stale one gives way.
 fn claim(k: &mut KeyState, r: &Record, since_ms: u64) {
-    if k.control != Mode::Active || k.failing_since_ms != Some(since_ms) {
+    if !k.control.clock_runs() || k.failing_since_ms != Some(since_ms) {
         return;
     }
     let open = k
@@ -130,7 +148,7 @@ fn claim(k: &mut KeyState, r: &Record, since_ms: u64) {
 /// made; a report from before the change says nothing now. The first
 /// report of a failing sets its start; later ones add their count.
 fn failing(k: &mut KeyState, since_ms: u64, failures: u64) {
-    if k.control != Mode::Active {
+    if !k.control.clock_runs() {
         return;
     }
     match k.failing_since_ms {

@@ -14,6 +14,7 @@ use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::book::PROBED;
 use super::error::ControlError;
 use super::plan::{self, Inputs};
 use super::record::{Change, Record};
@@ -80,7 +81,7 @@ impl Tasks {
                     n = reader.next() => n,
                 };
                 match next {
-                    Ok(Some((offset, Some(r)))) => self.shared.apply(offset, r),
+                    Ok(Some((offset, Some(r)))) => self.apply(offset, r),
                     Ok(Some((offset, None))) => self.shared.skip(offset),
                     Ok(None) => break ControlError::Ended,
                     Err(e) => break e,
@@ -94,6 +95,21 @@ impl Tasks {
                 Some(r) => reader = r,
                 None => return,
             }
+        }
+    }
+
+    /// Applies a record as it comes. A resume written after a probe closed
+    /// a breaker (`super::breakers`) closes this worker's breaker for the
+    /// endpoint at once: the released backlog must not meet it open and
+    /// go round the delay backend again.
+    fn apply(&self, offset: u64, r: Record) {
+        let probed = match &r.change {
+            Change::Resume { target } if r.id.starts_with(PROBED) => Some(target.clone()),
+            _ => None,
+        };
+        self.shared.apply(offset, r);
+        if let Some(t) = probed {
+            self.endpoints.close_breaker(&t);
         }
     }
 
@@ -253,7 +269,21 @@ impl Tasks {
             deltas,
             hold_disables: hold,
         };
-        plan::plan(&inputs, &mut lock(&inner.carry), &inner.plan, &inner.me)
+        let mut out = plan::plan(&inputs, &mut lock(&inner.carry), &inner.plan, &inner.me);
+        if let Some(after) = inner.plan.breaker_park_after {
+            // Read with the breakers: `now` was read before the report.
+            let now_ms = now_ms();
+            let seen = self.endpoints.breakers(now_ms);
+            let i = super::breakers::Inputs {
+                now_ms,
+                book: &book,
+                seen: &seen,
+                after,
+                hold,
+            };
+            out.extend(super::breakers::plan(&i, &inner.me));
+        }
+        out
     }
 
     /// `redeliver_endpoints{state}` for the paused and disabled targets,

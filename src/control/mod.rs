@@ -20,6 +20,7 @@
 
 mod announce;
 pub mod book;
+pub mod breakers;
 mod error;
 mod fold;
 mod follow;
@@ -70,6 +71,7 @@ impl Control {
             % 500;
         let plan = PlanSettings {
             disable_after: settings.disable_after,
+            breaker_park_after: settings.breaker_park_after,
             spread_ms,
         };
         Control {

@@ -39,6 +39,8 @@ const FORGET_UNWRITTEN_MS: u64 = 86_400_000;
 pub struct PlanSettings {
     /// `None`: never disable by itself.
     pub disable_after: Option<Duration>,
+    /// `None`: never park a backlog for its breaker (`super::breakers`).
+    pub breaker_park_after: Option<Duration>,
     /// This worker's share of a small spread (ms), so that workers which
     /// see the same thing at once rarely write it twice.
     pub spread_ms: u64,
@@ -91,13 +93,14 @@ const DISABLE_AGAIN_MS: u64 = 10_000;
 pub fn plan(i: &Inputs, carry: &mut Carry, s: &PlanSettings, me: &str) -> Vec<Record> {
     let mut out = vec![];
     // Paused or disabled (or a pause not closed yet): no clock runs, and
-    // what was held back from before starts nothing after.
+    // what was held back from before starts nothing after. A breaker's
+    // pause is the exception: its endpoint is down, and its probes count.
     carry
         .keys
-        .retain(|t, _| i.book.get(t).is_none_or(|k| k.control == Mode::Active));
+        .retain(|t, _| i.book.get(t).is_none_or(|k| k.control.clock_runs()));
     for (target, delta, local_success) in i.deltas {
         let k = current(i.book, target, i.now_ms);
-        if k.is_some_and(|k| k.control != Mode::Active) {
+        if k.is_some_and(|k| !k.control.clock_runs()) {
             continue;
         }
         let u = carry.keys.entry(target.clone()).or_default();
@@ -229,7 +232,7 @@ fn claimed_disables(now_ms: u64, book: &Book, carry: &mut Carry, me: &str) -> Ve
     for k in book.keys().filter(|k| !k.is_stale(now_ms)) {
         let Some(c) = &k.claim else { continue };
         let mine = c.by == me && k.failing_since_ms == Some(c.since_ms);
-        if !mine || k.control != Mode::Active {
+        if !mine || !k.control.clock_runs() {
             continue;
         }
         let u = carry.keys.entry(k.target.clone()).or_default();

@@ -9,6 +9,7 @@ fn t(s: &str) -> Target {
 fn settings(after_ms: u64) -> PlanSettings {
     PlanSettings {
         disable_after: Some(Duration::from_millis(after_ms)),
+        breaker_park_after: None,
         spread_ms: 0,
     }
 }

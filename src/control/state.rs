@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::message::target::Target;
 
+/// The id prefix of a worker's pause of an endpoint whose breaker has been
+/// open long (`super::breakers`).
+pub const BREAKER_PAUSE: &str = "breaker:";
+
 /// Changes kept per target for `endpoint show`.
 const MAX_HISTORY: usize = 10;
 
@@ -36,6 +40,17 @@ impl Mode {
             Mode::Active => false,
             Mode::Paused { until_ms, .. } => until_ms.is_none_or(|u| now_ms < u),
             Mode::Disabled { .. } => true,
+        }
+    }
+
+    /// Whether the failing clock runs: active, or parked for a breaker
+    /// (its probes still fail or succeed, and an endpoint down for days
+    /// must still reach `--disable-after`).
+    pub fn clock_runs(&self) -> bool {
+        match self {
+            Mode::Active => true,
+            Mode::Paused { id, .. } => id.starts_with(BREAKER_PAUSE),
+            Mode::Disabled { .. } => false,
         }
     }
 
@@ -124,10 +139,15 @@ impl KeyState {
     /// An operator's change starts the failing clock afresh: failures
     /// before a pause or a disable say nothing about the endpoint after it.
     pub(super) fn set(&mut self, control: Mode, entry: Entry) {
-        self.control = control;
         self.failing_since_ms = None;
         self.failures = 0;
         self.claim = None;
+        self.keep_clock(control, entry);
+    }
+
+    /// A breaker's pause and its end leave the failing clock as it is.
+    pub(super) fn keep_clock(&mut self, control: Mode, entry: Entry) {
+        self.control = control;
         self.history.push(entry);
         let excess = self.history.len().saturating_sub(MAX_HISTORY);
         self.history.drain(..excess);

@@ -16,10 +16,14 @@ use crate::message::target::Target;
 pub enum Gate {
     /// Nothing in force: attempt it.
     Go,
-    /// Paused by `target` (its pause ends at `until_ms`, if set): defer it.
+    /// Paused by `target` (its pause ends at `until_ms`, if set): park it.
+    /// `breaker_since`: when a worker paused it for its long-open breaker
+    /// (so this worker's breaker may still let a delivery through as its
+    /// probe); `None` for an operator's pause.
     Paused {
         target: Target,
         until_ms: Option<u64>,
+        breaker_since: Option<u64>,
     },
     /// Disabled by `target`: dead-letter it as `endpoint-disabled`.
     Disabled { target: Target },
@@ -82,9 +86,20 @@ impl Table {
         };
         match self.find(host, url.scheme(), port, url.path(), now_ms) {
             None => Gate::Go,
-            Some((t, Mode::Paused { until_ms, .. })) => Gate::Paused {
+            Some((
+                t,
+                Mode::Paused {
+                    until_ms,
+                    id,
+                    since_ms,
+                    ..
+                },
+            )) => Gate::Paused {
                 target: t.clone(),
                 until_ms: *until_ms,
+                breaker_since: id
+                    .starts_with(super::book::BREAKER_PAUSE)
+                    .then_some(*since_ms),
             },
             Some((t, _)) => Gate::Disabled { target: t.clone() },
         }

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use super::pass::{self, Pass};
-use super::state::{
-    rate_wait_at, wake_front, DeferReason, Endpoint, State, PARK_TIMEOUT, PARK_WAIT,
-};
+use super::reason::DeferReason;
+use super::state::{rate_wait_at, wake_front, Endpoint, State, PARK_TIMEOUT, PARK_WAIT};
 use crate::policy::Gate;
 use crate::telemetry;
 

@@ -27,16 +27,18 @@
 
 pub mod activity;
 mod admission;
+mod breakers;
 mod pass;
+mod reason;
 mod state;
 mod view;
 
 pub use activity::{Counts, Failure, Outcome};
 pub use admission::{Admission, Parked};
+pub use breakers::{BreakerSeen, ProbeTurn, CLOCK_SLACK_MS};
 pub use pass::Pass;
-pub use state::{
-    DeferReason, ACTIVE_WINDOW, LONE_PARK_WAIT, MAX_SCHEDULE, PARK_TIMEOUT, PARK_WAIT,
-};
+pub use reason::DeferReason;
+pub use state::{ACTIVE_WINDOW, LONE_PARK_WAIT, MAX_SCHEDULE, PARK_TIMEOUT, PARK_WAIT};
 pub use view::View;
 
 use std::collections::HashMap;
@@ -83,6 +85,7 @@ struct Entry {
 impl Endpoints {
     pub fn new(settings: EndpointSettings, worker_concurrency: usize, routes: Routes) -> Self {
         let room = Arc::new(Semaphore::new(settings.max_parked));
+        let shares = Arc::new(Shares::new(worker_concurrency, settings.max_parked));
         metrics::gauge!(telemetry::PARKED).set(0.0);
         let registry = Registry {
             endpoints: HashMap::new(),
@@ -94,7 +97,7 @@ impl Endpoints {
             worker_concurrency,
             routes,
             map: Mutex::new(registry),
-            shares: Arc::new(Shares::new(worker_concurrency)),
+            shares,
             room,
             labels: Mutex::new(Vec::new()),
         }
@@ -252,8 +255,10 @@ fn recount(reg: &mut Registry, shares: &Shares, now: Instant) {
 /// work); it is deferred when the endpoint makes no progress, when the
 /// wait is longer, or, while others have work, when the endpoint is in
 /// doubt ([`Endpoint::in_doubt`]: nothing answered lately, it may be
-/// hanging) and already has a round of deliveries waiting: its
-/// deliveries must not fill the parking places the others need.
+/// hanging) and already has a round of deliveries waiting, or when it has
+/// not answered yet ([`Endpoint::cold`]) and holds its share of the
+/// parking places: its deliveries must not fill the places the others
+/// need.
 fn park_or_defer(
     ep: &Arc<Endpoint>,
     st: &mut State,
@@ -267,7 +272,10 @@ fn park_or_defer(
         true => DeferReason::Rate,
         false => DeferReason::Busy,
     };
-    let hold_back = ep.shares.contended() && ep.in_doubt(st, now) && ahead >= ep.allowed(st);
+    let round = ep.allowed(st);
+    let doubt = ep.in_doubt(st, now) && ahead >= round;
+    let cold = ep.cold(st) && ahead >= ep.shares.fair_places().max(round);
+    let hold_back = ep.shares.contended() && (doubt || cold);
     if ep.stalled(st, now) || hold_back || estimate > ep.park_bound() {
         return admission::defer(ep, st, now, estimate.max(PARK_WAIT), reason);
     }
@@ -326,3 +334,7 @@ pub fn defer_delay(wait: Duration, streak: u32, scheduled: bool, rng: &mut impl 
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "places_tests.rs"]
+mod places_tests;

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::activity::Outcome;
-use super::state::{wake_front, DeferReason, Endpoint, State};
+use super::reason::DeferReason;
+use super::state::{wake_front, Endpoint, State};
 use crate::policy::{Gate, Signal, Ticket, Transition};
 use crate::telemetry;
 

@@ -14,7 +14,9 @@ use tokio::sync::Notify;
 use super::activity::Activity;
 use crate::config::EndpointLimits;
 use crate::message::target::Target;
-use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WaitReason, WindowMean, LATE_SLACK};
+use crate::policy::{Breaker, LimitPolicy, Limiter, Pacer, WindowMean, LATE_SLACK};
+
+use super::reason::DeferReason;
 use crate::telemetry;
 
 /// While other endpoints have work, a parked delivery is expected to get
@@ -42,47 +44,6 @@ pub const DOUBT_AFTER: Duration = Duration::from_millis(500);
 /// behind the next delivery; recent arrivals stand in for them.
 pub const ACTIVE_WINDOW: Duration = Duration::from_secs(1);
 
-/// Why a delivery was deferred without an attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeferReason {
-    /// The endpoint's breaker is open.
-    Open,
-    /// The endpoint asked for a pause (429, or 503 with `Retry-After`).
-    Paused,
-    /// The breaker is half-open and its probes are out.
-    Probing,
-    /// The endpoint is at its limit with a long wait, makes no progress,
-    /// or no parking place was free.
-    Busy,
-    /// The endpoint's rate allows no turn soon.
-    Rate,
-    /// An operator paused it (`redeliver endpoint pause`).
-    Held,
-}
-
-impl DeferReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeferReason::Open => "breaker-open",
-            DeferReason::Paused => "paused",
-            DeferReason::Probing => "probing",
-            DeferReason::Busy => "busy",
-            DeferReason::Rate => "rate",
-            DeferReason::Held => "endpoint-paused",
-        }
-    }
-}
-
-impl From<WaitReason> for DeferReason {
-    fn from(w: WaitReason) -> Self {
-        match w {
-            WaitReason::Open => DeferReason::Open,
-            WaitReason::Paused => DeferReason::Paused,
-            WaitReason::Probing => DeferReason::Probing,
-        }
-    }
-}
-
 /// The worker's slots and how many endpoints compete for them: alone, an
 /// endpoint may use every slot; while several have had deliveries within
 /// [`ACTIVE_WINDOW`], each may use its fair share (the slots over the
@@ -90,15 +51,18 @@ impl From<WaitReason> for DeferReason {
 /// fairness, from the demands seen at the last count).
 pub struct Shares {
     concurrency: usize,
+    /// The worker's parking places (`--max-parked`).
+    places: usize,
     active: AtomicUsize,
     /// The slots all active endpoints claimed at the last count.
     claimed: AtomicUsize,
 }
 
 impl Shares {
-    pub(super) fn new(concurrency: usize) -> Self {
+    pub(super) fn new(concurrency: usize, places: usize) -> Self {
         Shares {
             concurrency: concurrency.max(1),
+            places,
             active: AtomicUsize::new(0),
             claimed: AtomicUsize::new(0),
         }
@@ -120,6 +84,13 @@ impl Shares {
     /// Each active endpoint's fair share of the slots, at least one.
     pub(super) fn fair(&self) -> usize {
         (self.concurrency / self.active.load(Ordering::Relaxed).max(1)).max(1)
+    }
+
+    /// Each active endpoint's even share of the parking places: what an
+    /// endpoint whose latency is not known yet may park while others have
+    /// work ([`Endpoint::cold`]).
+    pub(super) fn fair_places(&self) -> usize {
+        self.places / self.active.load(Ordering::Relaxed).max(1)
     }
 
     /// An endpoint's share: every slot alone; else its fair share, or
@@ -305,6 +276,23 @@ impl Endpoint {
         st.limiter.silent_for(now) > quiet
     }
 
+    /// It has not answered yet, so [`Endpoint::park_estimate`] counts only
+    /// the silence, and every delivery looks due at once.
+    ///
+    /// Why it matters: a delivery takes a parking place before it is
+    /// pulled. At a cold start beside a healthy endpoint, one answering in
+    /// 500 ms parked every delivery its lane handed over before its first
+    /// answers; with a lane's room past the worker's 256 places they took
+    /// every one, and the pump stopped for the healthy lane too (bench
+    /// phase 9: 0.18 of alone). So a cold endpoint parks no more than its
+    /// share of the places ([`Shares::fair_places`]) while others have
+    /// work. Only until its first answer: a healthy endpoint is cold too,
+    /// and deferring what its lane handed over in its first milliseconds
+    /// held its lane's acks for seconds.
+    pub(super) fn cold(&self, st: &State) -> bool {
+        st.latency.get().is_none()
+    }
+
     /// How long a parked delivery may expect to wait: [`LONE_PARK_WAIT`]
     /// alone, [`PARK_WAIT`] while others have work or when the endpoint
     /// has a rate (its pace is known: a far turn is deferred to it, at one
@@ -355,10 +343,21 @@ impl Endpoint {
     /// over its limit, or at its rate, and at least how long the endpoint
     /// has been silent with attempts in flight.
     pub(super) fn park_estimate(&self, st: &State, now: Instant, ahead: usize) -> Duration {
-        // Settled only: at a cold start, one hang among the first answers
-        // read as "each attempt takes the timeout" and deferred a lone
-        // flaky endpoint's queue 10 to 60 s out (bench phase 12's stall).
-        let per = st.latency.settled().unwrap_or_default();
+        // The settled mean: at a cold start, one hang among the first
+        // answers read as "each attempt takes the timeout" and deferred a
+        // lone flaky endpoint's queue 10 to 60 s out (bench phase 12's
+        // stall). Before it, beside others, the quickest answer so far: an
+        // endpoint that takes 500 ms must not park for seconds what its
+        // lane handed over while the others need the places; one whose
+        // first answer was slow (its connection set up) answers quickly
+        // next. (The mean of the first answers deferred a healthy
+        // endpoint's start beside a slow one: phase 9 read 0.03 in a
+        // short run.)
+        let unsettled = || match self.shares.contended() {
+            true => st.latency.min(),
+            false => None,
+        };
+        let per = st.latency.settled().or_else(unsettled).unwrap_or_default();
         let queued = u32::try_from(ahead + 1).unwrap_or(u32::MAX);
         let limit = u32::try_from(self.allowed(st).max(1)).unwrap_or(u32::MAX);
         let by_rate = self.limits.rate.map_or(Duration::ZERO, |r| {

@@ -78,7 +78,7 @@ impl Endpoints {
 
     /// The endpoints and how long ago each had a delivery, out of the
     /// registry's lock.
-    fn entries(&self) -> Vec<(Arc<Endpoint>, Duration)> {
+    pub(super) fn entries(&self) -> Vec<(Arc<Endpoint>, Duration)> {
         let now = Instant::now();
         let reg = self.map.lock().unwrap_or_else(|p| p.into_inner());
         reg.endpoints

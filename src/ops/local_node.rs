@@ -36,6 +36,16 @@ pub fn pid() -> Option<u32> {
         Some(suite) => format!("node-{suite}-{port}"),
         None => format!("node-{port}"),
     };
+    pid_in(&dir)
+}
+
+/// The OS process id of a node `ctl` runs on `port` without a suite (a
+/// node of the local cluster, say).
+pub fn pid_at(port: u16) -> Option<u32> {
+    pid_in(&format!("node-{port}"))
+}
+
+fn pid_in(dir: &str) -> Option<u32> {
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/test-broker")
         .join(dir)

@@ -113,16 +113,8 @@ pub(super) async fn read_cascade(
 
 /// Ready messages in every parking queue; 0 when none can be read.
 pub(super) async fn read_parked(conn: &lapin::Connection, t: &Topology) -> u32 {
-    let Ok(parks) = t.parks_found(conn).await else {
-        return 0;
-    };
-    let Ok(ch) = conn.create_channel().await else {
-        return 0;
-    };
-    let mut n = 0;
-    for q in parks {
-        n += crate::topology::ready_count(&ch, &q).await.unwrap_or(0);
+    match t.parks_found(conn).await {
+        Ok(parks) => crate::topology::ready_total(conn, parks).await,
+        Err(_) => 0,
     }
-    let _ = ch.close(200, "".into()).await;
-    n
 }

@@ -27,10 +27,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::classify::AttemptResult;
-
-/// How long a 429 without `Retry-After` pauses its endpoint.
-pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
+pub use super::signal::{signal, Signal, DEFAULT_PAUSE};
 
 /// The breaker's settings (flags `--breaker-*`, or a `[[route]]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -68,48 +65,6 @@ impl Default for BreakerPolicy {
 impl BreakerPolicy {
     pub fn enabled(&self) -> bool {
         self.failures > 0
-    }
-}
-
-/// What one attempt says about its endpoint (not about the notification:
-/// that is `classify`'s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Signal {
-    /// It answered with a 1xx, 2xx or 3xx.
-    Alive,
-    /// It answered with an application error: 4xx but 429, 5xx but
-    /// 502/503/504. The endpoint is up; only the notification failed.
-    AppError,
-    /// Down or overloaded: no answer (connect error, timeout, TLS), or a
-    /// 502, 503 (without `Retry-After`) or 504.
-    Failure,
-    /// 429, or 503 with `Retry-After`: come back after this long.
-    Pause(Duration),
-    /// Nothing about the endpoint (an address the worker refused).
-    Nothing,
-}
-
-pub fn signal(result: &AttemptResult) -> Signal {
-    match result {
-        AttemptResult::Failed { .. } => Signal::Failure,
-        AttemptResult::Refused { .. } => Signal::Nothing,
-        // It answered, on purpose: up, and the notification is the matter.
-        AttemptResult::Aborted { .. } => Signal::AppError,
-        AttemptResult::Response {
-            status: 429,
-            retry_after,
-            ..
-        } => Signal::Pause(retry_after.unwrap_or(DEFAULT_PAUSE)),
-        AttemptResult::Response {
-            status: 503,
-            retry_after: Some(ra),
-            ..
-        } => Signal::Pause(*ra),
-        AttemptResult::Response {
-            status: 502..=504, ..
-        } => Signal::Failure,
-        AttemptResult::Response { status, .. } if *status >= 400 => Signal::AppError,
-        AttemptResult::Response { .. } => Signal::Alive,
     }
 }
 
@@ -161,6 +116,14 @@ pub struct Breaker {
     /// attempt that times out after it half-opened) is not a probe and
     /// must not reopen or close it.
     generation: u64,
+    /// When it first opened since it last closed: how long the endpoint
+    /// has been down, for parking its backlog (`crate::control::breakers`).
+    opened_at: Option<Instant>,
+    /// When it last closed after being open.
+    closed_at: Option<Instant>,
+    /// The generation whose probe candidate went out (see
+    /// [`Breaker::take_candidate`]).
+    candidate: Option<u64>,
 }
 
 impl Breaker {
@@ -173,7 +136,73 @@ impl Breaker {
             trips: 0,
             paused_until: None,
             generation: 0,
+            opened_at: None,
+            closed_at: None,
+            candidate: None,
         }
+    }
+
+    /// While open, one delivery per opening may be sent to wait for the
+    /// half-open (deferred, not parked), to come back as the probe: an
+    /// endpoint whose backlog is parked for its breaker gets a probe with
+    /// no new traffic at all, and at most one copy circulates per opening.
+    pub fn take_candidate(&mut self) -> bool {
+        let open = matches!(self.state, State::Open { .. });
+        if !open || self.candidate == Some(self.generation) {
+            return false;
+        }
+        self.candidate = Some(self.generation);
+        true
+    }
+
+    /// Since when it has been open or half-open without closing.
+    pub fn open_since(&self) -> Option<Instant> {
+        self.opened_at
+    }
+
+    /// When it last closed after being open.
+    pub fn closed_at(&self) -> Option<Instant> {
+        self.closed_at
+    }
+
+    /// Opens a closed breaker for `open`, as a first trip: another worker
+    /// found the endpoint down long enough to park its backlog, and this
+    /// one must probe it before attempting (`crate::control::breakers`).
+    pub fn trip(&mut self, now: Instant, p: &BreakerPolicy) -> bool {
+        if self.state != State::Closed || !p.enabled() {
+            return false;
+        }
+        self.open(now, p);
+        true
+    }
+
+    /// Closes it whatever its state: another worker's probe proved the
+    /// endpoint. Attempts under way report to a generation that is over.
+    pub fn close(&mut self, now: Instant) -> bool {
+        if self.state == State::Closed {
+            return false;
+        }
+        self.generation += 1;
+        self.closed(now);
+        true
+    }
+
+    fn closed(&mut self, now: Instant) {
+        self.state = State::Closed;
+        self.trips = 0;
+        self.consecutive = 0;
+        self.opened_at = None;
+        self.closed_at = Some(now);
+    }
+
+    fn open(&mut self, now: Instant, p: &BreakerPolicy) -> Duration {
+        self.trips += 1;
+        self.generation += 1;
+        self.opened_at.get_or_insert(now);
+        let for_ = open_for(p, self.trips);
+        self.state = State::Open { until: now + for_ };
+        self.window = (now, 0, 0);
+        for_
     }
 
     pub fn state(&self) -> State {
@@ -284,8 +313,7 @@ impl Breaker {
         self.window.1 += 1;
         let was_half_open = matches!(self.state, State::HalfOpen { .. });
         if was_half_open {
-            self.state = State::Closed;
-            self.trips = 0;
+            self.closed(now);
             return Some(Transition::Closed);
         }
         None
@@ -314,11 +342,7 @@ impl Breaker {
             }
             State::Closed => return None,
         };
-        self.trips += 1;
-        self.generation += 1;
-        let for_ = open_for(p, self.trips);
-        self.state = State::Open { until: now + for_ };
-        self.window = (now, 0, 0);
+        let for_ = self.open(now, p);
         Some(Transition::Opened { for_, reason })
     }
 }

@@ -16,39 +16,6 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
-    AttemptResult::Response {
-        status,
-        body: String::new(),
-        retry_after: retry_after.map(Duration::from_secs),
-        content_type: None,
-    }
-}
-
-#[test]
-fn signals_say_what_an_attempt_tells_about_the_endpoint() {
-    let failed = AttemptResult::Failed {
-        error: "timeout".into(),
-    };
-    assert_eq!(signal(&failed), Signal::Failure);
-    // Down or overloaded: a gateway's answers for a dead upstream.
-    for down in [502, 503, 504] {
-        assert_eq!(signal(&resp(down, None)), Signal::Failure, "{down}");
-    }
-    // An application error is the endpoint answering: it is up.
-    for app in [400, 401, 404, 409, 410, 422, 500, 501, 505] {
-        assert_eq!(signal(&resp(app, None)), Signal::AppError, "{app}");
-    }
-    assert_eq!(signal(&resp(503, Some(7))), Signal::Pause(secs(7.0)));
-    assert_eq!(signal(&resp(429, Some(2))), Signal::Pause(secs(2.0)));
-    assert_eq!(signal(&resp(429, None)), Signal::Pause(DEFAULT_PAUSE));
-    for alive in [200, 204, 302] {
-        assert_eq!(signal(&resp(alive, None)), Signal::Alive, "{alive}");
-    }
-    let refused = AttemptResult::Refused { error: "x".into() };
-    assert_eq!(signal(&refused), Signal::Nothing);
-}
-
 #[test]
 fn consecutive_failures_open_it_and_a_success_resets_the_count() {
     let (p, t0) = (policy(), Instant::now());
@@ -352,4 +319,76 @@ fn failures_count_as_consecutive_by_when_their_attempts_started() {
         b.generation(),
     );
     assert!(matches!(t, Some(Transition::Opened { .. })), "{t:?}");
+}
+
+#[test]
+fn open_since_spans_every_reopening_until_it_closes() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    let fail = |b: &mut Breaker, at: Instant, probe| {
+        let g = b.generation();
+        b.record(at, &p, Signal::Failure, probe, g)
+    };
+    for _ in 0..3 {
+        fail(&mut b, t0, false);
+    }
+    assert_eq!(b.open_since(), Some(t0));
+    // Half-open after 1 s; the probe fails: open again, still since t0.
+    let t1 = t0 + secs(1.5);
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    assert!(fail(&mut b, t1, true).is_some());
+    assert_eq!(b.open_since(), Some(t0));
+    let t2 = t1 + secs(3.0);
+    assert_eq!(b.gate(t2, &p, true), Gate::Probe);
+    let g = b.generation();
+    assert_eq!(
+        b.record(t2, &p, Signal::AppError, true, g),
+        Some(Transition::Closed)
+    );
+    assert_eq!((b.open_since(), b.closed_at()), (None, Some(t2)));
+}
+
+#[test]
+fn trip_opens_only_a_closed_breaker_and_close_ends_any_state() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    assert!(b.trip(t0, &p));
+    assert_eq!(
+        b.gate(t0, &p, false),
+        Gate::Wait(secs(1.0), WaitReason::Open)
+    );
+    assert!(!b.trip(t0 + secs(0.5), &p), "already open");
+    assert_eq!(b.open_since(), Some(t0));
+    // A probe taken before the close reports to a generation that is over.
+    let t1 = t0 + secs(1.0);
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    let g = b.generation();
+    assert!(b.close(t1));
+    assert_eq!(b.record(t1, &p, Signal::Failure, true, g), None);
+    assert_eq!(b.state(), State::Closed);
+    assert!(!b.close(t1), "already closed");
+    let off = BreakerPolicy {
+        failures: 0,
+        ..policy()
+    };
+    assert!(
+        !Breaker::new(t0).trip(t0, &off),
+        "a breaker that is off stays closed"
+    );
+}
+
+#[test]
+fn one_probe_candidate_per_opening() {
+    let (p, t0) = (policy(), Instant::now());
+    let mut b = Breaker::new(t0);
+    assert!(!b.take_candidate(), "closed: no candidate");
+    b.trip(t0, &p);
+    assert!(b.take_candidate());
+    assert!(!b.take_candidate(), "one per opening");
+    let t1 = t0 + secs(1.0);
+    assert_eq!(b.gate(t1, &p, true), Gate::Probe);
+    assert!(!b.take_candidate(), "half-open: the probe itself goes");
+    let g = b.generation();
+    b.record(t1, &p, Signal::Failure, true, g);
+    assert!(b.take_candidate(), "open again: a new candidate");
 }

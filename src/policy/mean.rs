@@ -39,6 +39,14 @@ impl WindowMean {
         Some(self.sum / n)
     }
 
+    /// The shortest duration in the window; `None` before the first. A
+    /// floor from a few samples: a rare hang among them does not raise it,
+    /// and a slow cold start (a connection set up) falls out of it at the
+    /// next quick answer.
+    pub fn min(&self) -> Option<Duration> {
+        self.samples.iter().min().copied()
+    }
+
     /// The mean once it holds [`SETTLED`] samples, for estimates a
     /// decision rests on; `None` before.
     pub fn settled(&self) -> Option<Duration> {
@@ -79,5 +87,17 @@ mod tests {
         }
         // (1000 + 15 x 4) / 16 = 66.25 ms.
         assert_eq!(m.settled(), Some(Duration::from_micros(66_250)));
+    }
+
+    #[test]
+    fn the_floor_is_the_quickest_answer_so_far() {
+        let ms = Duration::from_millis;
+        let mut m = WindowMean::default();
+        assert_eq!(m.min(), None);
+        m.add(ms(80));
+        assert_eq!(m.min(), Some(ms(80)));
+        m.add(ms(1_000));
+        m.add(ms(2));
+        assert_eq!(m.min(), Some(ms(2)));
     }
 }

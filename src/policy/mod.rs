@@ -22,6 +22,7 @@ mod decide;
 mod limit;
 pub mod mean;
 mod rate;
+mod signal;
 pub mod wait;
 
 pub use backoff::*;

@@ -22,6 +22,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
+use super::declare::declare_exchange;
 use super::lanes::{bucket_key, relay_plan, BUCKETS, DEFAULT_LANES};
 use super::{channel, classify, exists, work_args, QueueType, Topology, TopologyError};
 
@@ -31,13 +32,6 @@ pub struct Leftover {
     pub queue: String,
     /// Ready messages when it was found.
     pub messages: u32,
-}
-
-fn durable() -> ExchangeDeclareOptions {
-    ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    }
 }
 
 impl Topology {
@@ -270,17 +264,6 @@ fn durable_queue() -> QueueDeclareOptions {
         durable: true,
         ..Default::default()
     }
-}
-
-async fn declare_exchange(
-    ch: &Channel,
-    name: &str,
-    kind: ExchangeKind,
-    args: FieldTable,
-) -> Result<(), TopologyError> {
-    ch.exchange_declare(name.into(), kind, durable(), args)
-        .await
-        .map_err(|e| classify("exchange", name, e))
 }
 
 pub(crate) async fn bind_queue(

@@ -4,17 +4,19 @@
 //! them and moves a prefix from one lane count, or the single work queue
 //! of earlier builds, to another).
 
+mod declare;
 mod error;
 pub mod lanes;
 mod lay;
 mod park;
 
+use declare::declare_exchange;
 pub(crate) use error::classify;
 pub use error::TopologyError;
 
 pub use lay::Leftover;
 
-use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
@@ -109,18 +111,8 @@ impl Topology {
         lay: bool,
     ) -> Result<Option<bool>, TopologyError> {
         let ch = &channel(conn, &self.prefix).await?;
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        ch.exchange_declare(
-            self.intake.as_str().into(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| classify("exchange", &self.intake, e))?;
+        let none = FieldTable::default();
+        declare_exchange(ch, &self.intake, ExchangeKind::Fanout, none).await?;
         self.declare_events(ch).await?;
         // An existing dead-letter queue keeps its type and arguments:
         // `--queue-type` only matters the first time, so later commands
@@ -144,18 +136,7 @@ impl Topology {
     /// routed by the event's type (`notification.exhausted`, ...), so a
     /// consumer binds only the keys it wants; durable like the intake.
     pub async fn declare_events(&self, ch: &Channel) -> Result<(), TopologyError> {
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        ch.exchange_declare(
-            self.events.as_str().into(),
-            ExchangeKind::Topic,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| classify("exchange", &self.events, e))
+        declare_exchange(ch, &self.events, ExchangeKind::Topic, FieldTable::default()).await
     }
 
     /// Deletes the intake, work and dead objects, messages included. Only
@@ -304,6 +285,20 @@ pub(crate) fn dead_args(queue_type: QueueType) -> FieldTable {
             a
         }
     }
+}
+
+/// Ready messages in `queues`, on a channel of its own, counting 0 for one
+/// that cannot be read (for reports: `status`, the bench).
+pub(crate) async fn ready_total(conn: &Connection, queues: Vec<String>) -> u32 {
+    let Ok(ch) = conn.create_channel().await else {
+        return 0;
+    };
+    let mut n = 0;
+    for q in queues {
+        n += ready_count(&ch, &q).await.unwrap_or(0);
+    }
+    let _ = ch.close(200, "".into()).await;
+    n
 }
 
 /// Ready messages of a queue that exists: a passive declare, which

@@ -13,7 +13,7 @@ use super::copy::dead_letter_disabled;
 use super::park::park;
 use super::record as seam;
 use crate::control::Gate;
-use crate::isolation::Admission;
+use crate::isolation::{Admission, ProbeTurn};
 use crate::message::state::RetryState;
 use crate::message::Notification;
 use crate::policy::DeadReason;
@@ -98,12 +98,15 @@ pub(super) async fn admit<H>(
 /// A notification whose target an operator (or the automatic disable)
 /// paused or disabled: parked without an attempt (`park.rs`), or dead-lettered as
 /// `endpoint-disabled` with its history. `None`: neither, attempt it.
+/// `probe`: it holds its breaker's probe already (it waited for its
+/// endpoint after taking it).
 pub(super) async fn held_back<H>(
     ctx: &Context<H>,
     d: &Delivery,
-    st: &RetryState,
+    st: &mut RetryState,
     n: &Notification,
     slot: &mut Slot,
+    probe: bool,
 ) -> Option<Result<Done, PublishError>> {
     if ctx.control.gate(&n.url) == Gate::Go {
         return None;
@@ -112,6 +115,12 @@ pub(super) async fn held_back<H>(
     let _entered = ctx.parking.read().await;
     let done = match ctx.control.gate(&n.url) {
         Gate::Go => return None,
+        // Parked for its long-open breaker: this worker's breaker lets
+        // one through as its probe when it is due (`control::breakers`).
+        Gate::Paused {
+            breaker_since: Some(since),
+            ..
+        } if probe || st.probe_candidate || probe_turn(ctx, n, st, since) => return None,
         Gate::Paused { target, .. } => {
             slot.free();
             park(ctx, d, st.clone(), n, &target).await
@@ -123,4 +132,18 @@ pub(super) async fn held_back<H>(
         }
     };
     Some(done)
+}
+
+/// Whether a delivery that meets its endpoint parked for its breaker goes
+/// on: as its probe, or as this opening's candidate, marked so (`st`) for
+/// whichever worker it comes back to.
+fn probe_turn<H>(ctx: &Context<H>, n: &Notification, st: &mut RetryState, since: u64) -> bool {
+    match ctx.endpoints.probe_turn(&n.url, since) {
+        ProbeTurn::Go => true,
+        ProbeTurn::Candidate => {
+            st.probe_candidate = true;
+            true
+        }
+        ProbeTurn::Park => false,
+    }
 }

@@ -27,22 +27,25 @@ pub(super) async fn open_feed(
     Ok(feed)
 }
 
-/// Each lane's room past the concurrency: the worker's room (`prefetch`
-/// less `concurrency`) shared out evenly between `queues`, so a worker holds
-/// at most `queues × concurrency + room` unacked.
+/// Each lane's room past the concurrency: the even share of the worker's
+/// room (`prefetch` less `concurrency`) between `queues`, and at least a
+/// quarter of it, so a worker holds at most `queues × concurrency` plus
+/// the larger of `room` and `queues × room / 4` unacked (twice the room
+/// with the default eight lanes, when every lane has a backlog).
 ///
-/// Not more: a lane's room bounds what a bad endpoint's lane can hold, and
-/// past the worker's parking places (`--max-parked`, 256) its parked
-/// deliveries took every place, and the pump, which takes a place before
-/// each pull, stopped for the healthy lanes too. Bench phase 9 measured it
-/// (healthy beside a hanging endpoint, and beside one answering in
-/// 500 ms): 1.00 and 0.98 of alone with 32 + 128 per lane, 0.38 and 0.18
-/// with 32 + 256, 0.36 and 0.19 with 32 + 512. The even share costs a lone
-/// receiver end to end (phase 3: 0.71 of one lane; 0.99 with 32 + 256,
-/// 1.05 with 32 + 512): a per-endpoint bound on parking places would let
-/// a lane have more room; it is not built (issue 51 stays open).
+/// Why a quarter: one receiver's notifications all go to one lane, and
+/// the even share (32 + 128 with the defaults) made the lone receiver's
+/// end to end 0.71 of one lane's (bench phase 3): a quorum queue's
+/// consumer needs the room to keep deliveries coming while acks make
+/// their way. With 32 + 256 it read 0.99. A larger room per lane first
+/// broke phase 9 (0.18 to 0.38 of alone): a bad endpoint's lane held more
+/// deliveries than the worker's parking places, parked them all, and the
+/// pump, which takes a place before each pull, stopped for the healthy
+/// lanes. An endpoint now parks no more than its fair share of the
+/// places once they run short (`crate::isolation`, `fair_places`).
 pub(super) fn lane_room(prefetch: usize, concurrency: usize, queues: usize) -> usize {
-    prefetch.saturating_sub(concurrency) / queues.max(1)
+    let room = prefetch.saturating_sub(concurrency);
+    (room / queues.max(1)).max(room / 4)
 }
 
 /// The lanes of `topology`, then the leftovers that still hold ready
@@ -74,9 +77,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_room_is_shared_out_evenly() {
+    fn a_lane_has_its_even_share_of_the_room_and_at_least_a_quarter() {
         // The defaults: concurrency 32, room 1,024, eight lanes.
-        assert_eq!(lane_room(32 + 1_024, 32, 8), 128);
+        assert_eq!(lane_room(32 + 1_024, 32, 8), 256);
+        assert_eq!(lane_room(32 + 1_024, 32, 2), 512);
         assert_eq!(lane_room(32 + 1_024, 32, 1), 1_024);
         assert_eq!(lane_room(20, 32, 8), 0);
     }

@@ -152,7 +152,7 @@ async fn handle<H: DeliveryHandler>(
     lease: &Lease,
     slot: &mut Slot,
 ) -> Result<Done, PublishError> {
-    let (n, st) = match decode(&ctx.settings, d) {
+    let (n, mut st) = match decode(&ctx.settings, d) {
         Ok(decoded) => decoded,
         Err(e) => {
             slot.free();
@@ -180,7 +180,7 @@ async fn handle<H: DeliveryHandler>(
         if slot.permit.is_none() {
             slot.permit = take_slot(&ctx.slots, &ctx.slot_wanted).await;
         }
-        if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+        if let Some(done) = held_back(ctx, d, &mut st, &n, slot, false).await {
             return done;
         }
         let (admission, waited) = admit(ctx, &n, slot).await;
@@ -206,13 +206,14 @@ async fn go<H: DeliveryHandler>(
     ctx: &Context<H>,
     d: &Delivery,
     n: Notification,
-    st: RetryState,
+    mut st: RetryState,
     slot: &mut Slot,
     pass: Pass,
     waited: bool,
 ) -> Result<Done, PublishError> {
     if waited {
-        if let Some(done) = held_back(ctx, d, &st, &n, slot).await {
+        let probe = pass.is_probe();
+        if let Some(done) = held_back(ctx, d, &mut st, &n, slot, probe).await {
             return done;
         }
     }

@@ -202,9 +202,18 @@ impl TestApp {
         self.wait_consumer_count(suffix, 1).await
     }
 
-    /// Waits (up to 15 s) until `<prefix>.<suffix>` has `n` consumers or more.
+    /// Waits (up to 60 s) until `<prefix>.<suffix>` has `n` consumers or more.
+    /// A worker's start declares its queues (the cascade's 120 among them),
+    /// which took over 15 s on a busy CI node; a test that passes waits
+    /// only as long as the start takes.
     pub async fn wait_consumer_count(&self, suffix: &str, n: u32) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        self.wait_consumer_count_within(suffix, n, Duration::from_secs(60))
+            .await
+    }
+
+    /// [`TestApp::wait_consumer_count`], up to `within`.
+    pub async fn wait_consumer_count_within(&self, suffix: &str, n: u32, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
         loop {
             let mut all = true;
             for queue in self.queues(suffix) {

@@ -72,3 +72,27 @@ pub fn assert_unchanged(after: &[super::harness::DeadLetter], items: &[(Vec<u8>,
         assert_eq!(&got, headers, "headers unchanged");
     }
 }
+
+/// Ready, unacked and consumers of each queue, as `rabbitmqctl` on the
+/// test node lists them (empty for a queue it does not list).
+pub fn rabbitmqctl_counts(queues: &[String]) -> Vec<Vec<u64>> {
+    let args = [
+        "rabbitmqctl",
+        "list_queues",
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+        "consumers",
+    ];
+    let listed = super::ctl_output(super::default_port(), &args);
+    let row = |q: &str| -> Vec<u64> {
+        let line = listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(q));
+        let counts = line.map(|l| l.split_whitespace().skip(1).map(|n| n.parse().unwrap()));
+        counts.map(Iterator::collect).unwrap_or_default()
+    };
+    queues.iter().map(|q| row(q)).collect()
+}

@@ -1,9 +1,11 @@
 //! A worker process's admin endpoint: a free port for `--admin-addr`, and
 //! values read from its `/metrics` (Prometheus text).
 
+use std::process::Command;
 use std::time::Duration;
 
 use super::app::TestApp;
+use super::harness::{wait_until, wait_until_async};
 use super::process::Proc;
 use super::receiver::Receiver;
 
@@ -75,4 +77,42 @@ pub async fn wait_metric(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `redeliver run ARGS` from `cmd`, its log format left to the default
+/// (JSON, as stderr is not a terminal).
+pub fn start(mut cmd: Command, args: &[&str]) -> Proc {
+    cmd.arg("run").args(args);
+    Proc::spawn(cmd)
+}
+
+/// The admin endpoint's URL, once the worker has logged it.
+pub async fn admin(w: &Proc) -> String {
+    let addr = || {
+        w.json().into_iter().find_map(|v| {
+            let m = v["message"].as_str()?.starts_with("admin endpoint");
+            m.then(|| v["addr"].as_str().map(str::to_string)).flatten()
+        })
+    };
+    let logged = wait_until(Duration::from_secs(10), || addr().is_some()).await;
+    assert!(logged, "no admin address logged: {:?}", w.stderr());
+    format!("http://{}", addr().unwrap())
+}
+
+pub async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The status of `url`, or `None` when nothing answers.
+pub async fn status(url: &str) -> Option<u16> {
+    reqwest::get(url).await.ok().map(|r| r.status().as_u16())
+}
+
+pub async fn ready(admin: &str) -> bool {
+    let readyz = format!("{admin}/readyz");
+    wait_until_async(Duration::from_secs(10), async || {
+        status(&readyz).await == Some(200)
+    })
+    .await
 }

@@ -198,6 +198,7 @@ macro_rules! both_backends {
 }
 
 pub mod app;
+pub mod cascade;
 pub mod chaos;
 pub mod cluster;
 pub mod console;

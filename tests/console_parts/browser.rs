@@ -6,6 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fantoccini::error::{CmdError, ErrorStatus};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -112,14 +113,18 @@ impl Browser {
         out
     }
 
+    /// Clicks the element `css` finds. A page that re-renders between the
+    /// find and the click (the endpoints page refreshes itself) leaves a
+    /// stale element: it is found again, a few times at most.
     pub async fn click(&self, css: &str) {
-        self.c
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .click()
-            .await
-            .unwrap();
+        for _ in 0..3 {
+            let e = self.c.find(Locator::Css(css)).await;
+            match e.unwrap_or_else(|e| panic!("{css}: {e}")).click().await {
+                Err(CmdError::Standard(w)) if w.error == ErrorStatus::StaleElementReference => {}
+                r => return r.unwrap_or_else(|e| panic!("{css}: {e}")),
+            }
+        }
+        panic!("{css}: stale three times in a row");
     }
 
     pub async fn fill(&self, css: &str, text: &str) {

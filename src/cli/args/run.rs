@@ -202,6 +202,15 @@ pub struct EndpointArgs {
     /// Retry-After pauses an endpoint.
     #[arg(long, env = "REDELIVER_BREAKER_MAX_OPEN", default_value = "5m", value_parser = duration)]
     pub breaker_max_open: Duration,
+    /// Once an endpoint's breaker has been open this long, every worker
+    /// parks its notifications (as for `endpoint pause`, for at most 10
+    /// minutes) instead of deferring them through the delay backend; each
+    /// worker's breaker still lets new deliveries through as probes, and
+    /// the first probe that succeeds releases the backlog at once. `off`
+    /// (the default for now; 1m is the suggested value): an open breaker
+    /// always defers.
+    #[arg(long, env = "REDELIVER_BREAKER_PARK_AFTER", default_value = "off", value_parser = duration_or_off, value_name = "DURATION|off")]
+    pub breaker_park_after: OrOff,
     /// Endpoints whose state a worker keeps; the least recently used are
     /// forgotten beyond it.
     #[arg(long, env = "REDELIVER_MAX_ENDPOINTS", default_value_t = crate::config::DEFAULT_MAX_ENDPOINTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
