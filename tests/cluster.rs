@@ -230,6 +230,16 @@ async fn node_loss_under_load(backend: DelayBackend) {
     ];
     let started = Instant::now();
     let mut fleet = Fleet::start(&app, WORKERS, &args);
+    // Under load before the first kill: every worker consuming and
+    // deliveries flowing. A busy CI machine's workers were still
+    // declaring (the cascade's 120 queues on three nodes) 3 s after their
+    // start, so the kill met no load and its check below saw none.
+    assert!(
+        app.wait_consumer_count("work", WORKERS as u32).await,
+        "the workers did not start consuming"
+    );
+    let flowing = wait_until_async(Duration::from_secs(60), async || rx.requests().len() >= 100);
+    assert!(flowing.await, "no deliveries before the first kill");
     // Under load a while before each kill: the chaos's own pace.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let first = leader(&app, "work", 1).expect("the work queue has a leader");

@@ -201,8 +201,9 @@ async fn scenario(name: &str, backend: DelayBackend) -> Report {
 fn assert_producer_held(r: &Report, may_fail: usize) {
     assert!(
         r.failed_batches.len() <= may_fail,
-        "publish batches failed: {:?} (at most {may_fail} may)",
-        r.failed_batches
+        "publish batches failed: {:?} (at most {may_fail} may); the first: {}",
+        r.failed_batches,
+        r.first_failure.as_deref().unwrap_or("")
     );
     assert!(
         r.longest_wait <= Report::wait_bound(),

@@ -42,6 +42,9 @@ pub struct Report {
     pub late_retries: usize,
     pub batches: usize,
     pub failed_batches: Vec<usize>,
+    /// The first failed batch's last line on stderr, and how long it ran:
+    /// why it failed, in the assertion's own message.
+    pub first_failure: Option<String>,
     pub slowest_batch: Duration,
     pub longest_wait: Duration,
 }
@@ -129,6 +132,11 @@ pub async fn check(
         r.longest_wait = r.longest_wait.max(b.longest_wait);
         if !b.exit_ok {
             r.failed_batches.push(b.n);
+            r.first_failure.get_or_insert_with(|| {
+                let last = b.stderr.lines().last().unwrap_or("(nothing on stderr)");
+                let last: String = last.chars().take(400).collect();
+                format!("batch {} after {:.1} s: {last}", b.n, b.took.as_secs_f64())
+            });
         }
     }
     let mut done_at: Option<Instant> = None;
