@@ -12,6 +12,7 @@ mod notify;
 mod park;
 pub(crate) mod process;
 mod record;
+mod reread;
 mod session;
 mod traced;
 mod unpark;

@@ -8,11 +8,13 @@
 //! none), or is parked again at the queue's tail if it is still paused.
 //! Every move is confirmed before the parked copy is acked, so a crash
 //! mid-read duplicates at worst. Several workers read a queue at once as
-//! competing consumers, each taking a share.
+//! competing consumers, each taking a share; each release's queues are
+//! read again a few seconds later, for what those reads left behind
+//! (`reread.rs`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::Delivery;
@@ -24,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::context::Parking;
 use super::park::{parked_at, plan, with_expiry, Move, PARKED_AT};
+use super::reread::Rereads;
 use crate::clock::now_ms;
 use crate::control::{Control, Gate};
 use crate::message::target::Target;
@@ -36,8 +39,9 @@ use crate::topology::TopologyError;
 const MOVES: u16 = 128;
 
 /// A read ends when its queue gives nothing for this long: what is left
-/// is held by another worker reading it too.
-const IDLE: Duration = Duration::from_millis(500);
+/// is held by another worker reading it too (or comes slowly from a loaded
+/// broker: `reread.rs` reads it again).
+const IDLE: Duration = Duration::from_secs(2);
 
 /// Finds the parking queues that exist, while the session opens (a
 /// passive declare of a missing one closes its channel, best not beside
@@ -65,18 +69,37 @@ fn spawn(
 ) {
     tokio::spawn(async move {
         let mut since = now_ms().max(0) as u64;
-        let mut queues = found;
+        let (mut queues, mut again) = (found, Rereads::default());
         loop {
             if !queues.is_empty() {
                 drop(parking.write().await);
                 read_all(&conn, &publisher, &control, &queues).await;
             }
-            let Some(lifted) = control.released(&mut since, &stop).await else {
-                return;
+            let due = again.next();
+            let lifted = tokio::select! {
+                lifted = control.released(&mut since, &stop) => match lifted {
+                    Some(lifted) => Some(lifted),
+                    None => return,
+                },
+                _ = sleep_until(due), if due.is_some() => None,
             };
-            queues = lanes_of(&publisher, &lifted);
+            queues = match lifted {
+                Some(lifted) => {
+                    let queues = lanes_of(&publisher, &lifted);
+                    again.released(Instant::now(), &queues);
+                    queues
+                }
+                None => again.take_due(Instant::now()),
+            };
         }
     });
+}
+
+/// Sleeps until `at` (`None`: never; the caller guards that branch).
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at.into()).await;
+    }
 }
 
 /// The parking queues of the lanes `targets` send to.
