@@ -101,7 +101,26 @@ async fn endpoints(broker: &BrokerSettings) -> Option<EndpointsStatus> {
 
 pub use crate::delay::report::Summary as ProbeSummary;
 
+/// The longest `status` may take: each of its reads is bounded too, but
+/// a command an operator (or a script) runs must end with an error rather
+/// than hang (CI once saw one wait 8 minutes).
+const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub async fn status(
+    broker: &BrokerSettings,
+    management_url: Option<&str>,
+) -> Result<Status, lapin::Error> {
+    match tokio::time::timeout(STATUS_WITHIN, read_status(broker, management_url)).await {
+        Ok(read) => read,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the broker did not answer every read of `status` within 60 s",
+        )
+        .into()),
+    }
+}
+
+async fn read_status(
     broker: &BrokerSettings,
     management_url: Option<&str>,
 ) -> Result<Status, lapin::Error> {

@@ -224,14 +224,18 @@ async fn exists(conn: &Connection, queue: &str) -> Result<bool, TopologyError> {
         name: queue.to_string(),
         source,
     };
-    let probe = conn.create_channel().await.map_err(amqp)?;
+    // Bounded: a reply that never comes (a lost channel close, seen with
+    // many channels on one connection) must not hang `status` or a start.
+    let probe = crate::amqp::bounded(conn.create_channel())
+        .await
+        .map_err(amqp)?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
-    let found = probe
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await;
+    let found =
+        crate::amqp::bounded(probe.queue_declare(queue.into(), passive, FieldTable::default()))
+            .await;
     match found {
         Ok(_) => {
             let _ = probe.close(200, "".into()).await;
@@ -290,7 +294,7 @@ pub(crate) fn dead_args(queue_type: QueueType) -> FieldTable {
 /// Ready messages in `queues`, on a channel of its own, counting 0 for one
 /// that cannot be read (for reports: `status`, the bench).
 pub(crate) async fn ready_total(conn: &Connection, queues: Vec<String>) -> u32 {
-    let Ok(ch) = conn.create_channel().await else {
+    let Ok(ch) = crate::amqp::bounded(conn.create_channel()).await else {
         return 0;
     };
     let mut n = 0;
@@ -308,8 +312,6 @@ pub(crate) async fn ready_count(ch: &Channel, queue: &str) -> Result<u32, lapin:
         passive: true,
         ..Default::default()
     };
-    let q = ch
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await?;
-    Ok(q.message_count())
+    let declare = ch.queue_declare(queue.into(), passive, FieldTable::default());
+    Ok(crate::amqp::bounded(declare).await?.message_count())
 }
