@@ -208,7 +208,7 @@ async fn a_worker_killed_while_parking_loses_nothing() {
 /// Each resume has the three read the lane's parking queue at once while
 /// some may still park (the stream reaches them apart); a read that ends
 /// early leaves freed copies behind, which the reads again after each
-/// release (`src/worker/reread.rs`) find. Without those, 1 run in 11 here
+/// release (`src/worker/reread.rs`) find. Without those, 1 run in 14 here
 /// ended with 7 copies (of notifications delivered too) left parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pauses_and_resumes_under_traffic_on_three_workers_lose_nothing() {
