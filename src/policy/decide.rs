@@ -184,4 +184,4 @@ fn action(c: &Classified, attempt: u32, policy: &RetryPolicy, rng: &mut impl Rng
 
 #[cfg(test)]
 #[path = "decide_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -108,7 +108,9 @@ fn retry_after_raises_the_delay_but_is_capped() {
     );
 }
 
-fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
+/// A response with `status` and `Retry-After` seconds (also used by
+/// `signal.rs`'s tests).
+pub(in crate::policy) fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
     AttemptResult::Response {
         status,
         body: String::new(),

@@ -59,14 +59,7 @@ mod tests {
         Duration::from_secs_f64(s)
     }
 
-    fn resp(status: u16, retry_after: Option<u64>) -> AttemptResult {
-        AttemptResult::Response {
-            status,
-            body: String::new(),
-            retry_after: retry_after.map(Duration::from_secs),
-            content_type: None,
-        }
-    }
+    use crate::policy::decide::tests::resp;
 
     #[test]
     fn signals_say_what_an_attempt_tells_about_the_endpoint() {
