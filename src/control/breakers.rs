@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::book::{Book, BREAKER_PAUSE, PROBED};
 use super::record::{Change, Record};
-use super::state::{KeyState, Mode};
+use super::state::{breaker_pause_id, KeyState, Mode};
 use crate::isolation::{BreakerSeen, CLOCK_SLACK_MS};
 
 /// How long a breaker's pause lasts at most.
@@ -91,9 +91,14 @@ fn parks(i: &Inputs, k: Option<&KeyState>, b: &BreakerSeen, since: u64) -> bool 
     let covered = i.book.keys().any(|w| {
         w.target != b.target && w.target.covers(&b.target) && w.control.in_force(i.now_ms)
     });
+    // A probe's resume came after it opened, and closes it: this view of
+    // the breaker is older than the book (the stream would refuse the
+    // pause anyway).
+    let probed = k.is_some_and(|k| k.probed_after(since));
     i.now_ms >= since.saturating_add(after)
         && i.now_ms >= last.saturating_add(after)
         && !ok_since
+        && !probed
         && !i.hold
         && !covered
 }
@@ -108,7 +113,7 @@ fn park(now_ms: u64, b: &BreakerSeen, since: u64, me: &str) -> Record {
         )),
         until_ms: Some(now_ms + ms(PARK_FOR)),
     };
-    let id = format!("{BREAKER_PAUSE}{}:{since}", b.target);
+    let id = breaker_pause_id(&b.target, since);
     Record::with_id(id, now_ms, me, change)
 }
 

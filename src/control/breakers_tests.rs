@@ -203,3 +203,48 @@ fn the_failing_clock_runs_through_a_breakers_pause_to_the_automatic_disable() {
         Mode::Disabled { .. }
     ));
 }
+
+/// The race of CI's chaos outage: two workers write their pauses 30 ms
+/// apart, and the second lands after the first's probed resume. That
+/// resume closed every worker's breaker, so nothing would probe the second
+/// pause, and the backlog would stay parked for the pause's cap.
+#[test]
+fn a_pause_from_a_breaker_a_probe_closed_is_stale() {
+    let w1 = plan(60_000, &book(&[]), &[seen(Some(0), None)], AFTER, "auto w1");
+    // w2's breaker opened 100 ms before w1's; it writes before it reads w1's.
+    let w2 = plan(
+        60_130,
+        &book(&[]),
+        &[seen(Some(100), None)],
+        AFTER,
+        "auto w2",
+    );
+    let probed = plan(70_000, &book(&w1), &[seen(None, Some(69_000))], AFTER, "w3");
+    let all = [w1[0].clone(), probed[0].clone(), w2[0].clone()];
+    let b = book(&all);
+    let k = b.get(&t()).unwrap();
+    assert_eq!(k.control, Mode::Active, "{:?}", k.history);
+    assert_eq!(k.history.len(), 2, "the stale pause leaves no entry");
+    // w2, still holding the breaker open before it reads the resume, plans
+    // no pause from a book that has it (and writes nothing every tick).
+    let open = [seen(Some(100), None)];
+    assert!(plan(200_000, &b, &open, AFTER, "auto w2").is_empty());
+    // A breaker that opens after the resume parks again, the threshold on.
+    let fresh = [seen(Some(80_000), None)];
+    let again = plan(140_000, &b, &fresh, AFTER, "auto w2");
+    assert_eq!(again.len(), 1, "{again:?}");
+    let mut all = all.to_vec();
+    all.push(again[0].clone());
+    assert!(matches!(
+        book(&all).get(&t()).unwrap().control,
+        Mode::Paused { .. }
+    ));
+}
+
+#[test]
+fn a_breaker_pause_id_carries_when_its_breaker_opened() {
+    let target = Target::parse("https://down.example:8443/a:b").unwrap();
+    let id = crate::control::state::breaker_pause_id(&target, 1_234);
+    assert_eq!(crate::control::state::breaker_opened_ms(&id), Some(1_234));
+    assert_eq!(crate::control::state::breaker_opened_ms("ops-pause"), None);
+}

@@ -14,7 +14,7 @@
 //! - `failing` and `recovered` move the shared failing clock.
 
 use super::record::{Change, Record};
-use super::state::{Claim, Entry, KeyState, Mode, CLAIM_TTL_MS};
+use super::state::{breaker_opened_ms, Claim, Entry, KeyState, Mode, CLAIM_TTL_MS};
 
 /// The id prefix of the resume that ends an expired pause.
 pub const EXPIRED: &str = "expired:";
@@ -24,7 +24,7 @@ pub const EXPIRED: &str = "expired:";
 pub use super::state::BREAKER_PAUSE;
 /// The id prefix of the resume a worker writes when its probe closed the
 /// breaker of such a pause; like an expiry's, it ends only that pause.
-pub const PROBED: &str = "probed:";
+pub use super::state::PROBED;
 
 /// Applies `r` to `k`; `true` when the mode changed.
 pub(super) fn apply(k: &mut KeyState, r: &Record) -> bool {
@@ -58,7 +58,7 @@ fn operator(k: &mut KeyState, r: &Record) -> bool {
     match &r.change {
         Change::Pause {
             reason, until_ms, ..
-        } if !disabled && (k.control == Mode::Active || !r.id.starts_with(BREAKER_PAUSE)) => {
+        } if !disabled && pause_stands(k, &r.id) => {
             let mode = Mode::Paused {
                 since_ms: r.at_ms,
                 until_ms: *until_ms,
@@ -102,6 +102,17 @@ fn operator(k: &mut KeyState, r: &Record) -> bool {
         _ => return false,
     }
     true
+}
+
+/// An operator's pause always applies (but to a disabled target); a
+/// breaker's only to an active target, and not when a probe's resume came
+/// after its breaker opened (that resume closed it).
+fn pause_stands(k: &KeyState, id: &str) -> bool {
+    if !id.starts_with(BREAKER_PAUSE) {
+        return true;
+    }
+    let closed = breaker_opened_ms(id).is_some_and(|opened| k.probed_after(opened));
+    k.control == Mode::Active && !closed
 }
 
 /// An operator's resume ends any pause; a worker's (`expired:<id>`,

@@ -10,6 +10,25 @@ use crate::message::target::Target;
 /// open long (`super::breakers`).
 pub const BREAKER_PAUSE: &str = "breaker:";
 
+/// The id prefix of the resume a worker writes when its probe closed the
+/// breaker of such a pause.
+pub const PROBED: &str = "probed:";
+
+/// A breaker pause's id: `breaker:<target>:<ms the breaker opened>`.
+pub fn breaker_pause_id(target: &Target, opened_ms: u64) -> String {
+    format!("{BREAKER_PAUSE}{target}:{opened_ms}")
+}
+
+/// When the breaker behind a breaker pause's id opened (its last field:
+/// a target can hold colons, the time cannot).
+pub fn breaker_opened_ms(id: &str) -> Option<u64> {
+    id.strip_prefix(BREAKER_PAUSE)?
+        .rsplit_once(':')?
+        .1
+        .parse()
+        .ok()
+}
+
 /// Changes kept per target for `endpoint show`.
 const MAX_HISTORY: usize = 10;
 
@@ -134,6 +153,18 @@ impl KeyState {
     /// snapshot that left it out) must judge alike.
     pub fn is_stale(&self, now_ms: u64) -> bool {
         self.control == Mode::Active && now_ms >= self.updated_ms.saturating_add(FORGET_AFTER_MS)
+    }
+
+    /// Whether a probe's resume (`probed:`) came after `opened_ms`: it
+    /// closed every worker's breaker for the target, so a breaker that
+    /// opened before it is closed, and its pause is stale. (Two workers
+    /// can write their pauses 30 ms apart; the second, landing after the
+    /// first's probed resume, would otherwise pause again with no breaker
+    /// left open to probe it, and hold the backlog for the pause's cap.)
+    pub fn probed_after(&self, opened_ms: u64) -> bool {
+        self.history
+            .iter()
+            .any(|e| e.id.starts_with(PROBED) && e.at_ms > opened_ms)
     }
 
     /// An operator's change starts the failing clock afresh: failures

@@ -139,6 +139,12 @@ impl Fleet {
                 std::env::var("CHAOS_LOG").unwrap_or_else(|_| "info".into()),
             )
             .env("NO_COLOR", "1")
+            // `CHAOS_PARK_AFTER` (a duration) to run a scenario with
+            // `--breaker-park-after` on; off, the default, otherwise.
+            .env(
+                "REDELIVER_BREAKER_PARK_AFTER",
+                std::env::var("CHAOS_PARK_AFTER").unwrap_or_else(|_| "off".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
