@@ -180,7 +180,7 @@ async fn assert_every_dead_letter_has_its_event(
 /// Settles, stops the fleet, prints the figures and asserts the promise.
 async fn finish(mut s: Setup, name: &str, dup_bound: usize) {
     let rxs: Vec<&Receiver> = std::iter::once(&s.rx).chain(s.other.as_ref()).collect();
-    let t = settle(&s.app, &s.ids, &rxs, Duration::from_secs(240)).await;
+    let t = settle(&s.app, &s.ids, &rxs, Duration::from_secs(240), WORKERS).await;
     let elapsed = s.started.elapsed();
     assert_every_dead_letter_has_its_event(&mut s, &t.dead).await;
     let running = s.fleet.all_running();
