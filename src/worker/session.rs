@@ -267,7 +267,8 @@ impl<H: DeliveryHandler> Session<H> {
         // Nacks are quick; a dead connection makes them fail at once.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
         // The acks and nacks asked for are sent by each channel's ack
-        // task, which ends once the feed (and every delivery) is gone.
+        // task, which ends once the feed (and every delivery) is gone and
+        // its channel's close-ok came (so the broker took them).
         let acks = self.feed.ack_tasks();
         drop(self);
         acks.close();
