@@ -88,15 +88,27 @@ impl Book {
     /// A probe came back: it and every older one are no longer out (they
     /// went the same way, so one back means the path works). Returns its
     /// round trip when it was tracked, and what changed.
+    ///
+    /// When it ends a stall, the probes still out were sent during that
+    /// stall, and the backend releases them one after another: each is
+    /// judged from now, not from when it was sent. Otherwise the next one,
+    /// already overdue, reported a second stall between two probes coming
+    /// back 30 ms apart (CI: a worker sent `stalled` and `recovered` again
+    /// right after another worker's `recovered` had freed the lease).
     pub fn back(&mut self, seq: u64, now: Instant, wall: SystemTime) -> (Option<Duration>, Change) {
         let rtt = self.out.get(&seq).map(|(sent, _)| now - *sent);
         self.last_rtt = rtt.or(self.last_rtt);
         // Keep only the probes sent after this one.
         self.out = self.out.split_off(&(seq + 1));
         let change = match self.state {
-            State::Stalled { at, .. } => Change::Cleared {
-                lasted: now.saturating_duration_since(at),
-            },
+            State::Stalled { at, .. } => {
+                for sent in self.out.values_mut() {
+                    *sent = (now, wall);
+                }
+                Change::Cleared {
+                    lasted: now.saturating_duration_since(at),
+                }
+            }
             State::Unknown => Change::Routing,
             State::Routing { .. } => return (rtt, Change::None),
         };
@@ -194,6 +206,32 @@ mod tests {
         assert_eq!(rtt, Some(40 * S));
         assert_eq!(change, Change::Cleared { lasted: 28 * S });
         assert_eq!(b.out(), 1, "the later probe is still out");
+    }
+
+    #[test]
+    fn the_probes_held_by_a_stall_are_judged_from_its_end() {
+        let (t0, w0) = (Instant::now(), SystemTime::now());
+        let mut b = Book::new(11 * S);
+        let first = b.sent(t0, w0);
+        b.sent(t0 + 5 * S, w0 + 5 * S);
+        assert!(matches!(b.check(t0 + 12 * S), Change::Stalled { .. }));
+        // The stall ends: the first probe is back; the second, overdue
+        // too, is on its way right behind it.
+        let end = (t0 + 17 * S, w0 + 17 * S);
+        assert!(matches!(
+            b.back(first, end.0, end.1).1,
+            Change::Cleared { .. }
+        ));
+        assert_eq!(b.check(end.0 + S), Change::None, "not a second stall");
+        // Lost for good, it stalls again, a limit after the stall's end.
+        assert_eq!(b.check(end.0 + 11 * S), Change::None);
+        assert_eq!(
+            b.check(end.0 + 12 * S),
+            Change::Stalled {
+                sent: end.1,
+                waited: 12 * S
+            }
+        );
     }
 
     #[test]
