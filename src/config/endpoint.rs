@@ -22,12 +22,13 @@ pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 86_400);
 /// attempt failed for 5 days.
 pub const DEFAULT_DISABLE_AFTER: Duration = Duration::from_secs(5 * 86_400);
 
-/// `--breaker-park-after` by default: past the breaker's first few
+/// The suggested `--breaker-park-after`: past the breaker's first few
 /// openings (5, 10, 20 s), so a short outage still circulates, but well
-/// before a backlog of deferrals costs the broker much. (It was off until
-/// the race that could leave a backlog parked with no breaker open was
-/// fixed; see docs/lanes.md.)
-pub const DEFAULT_BREAKER_PARK_AFTER: Duration = Duration::from_secs(60);
+/// before a backlog of deferrals costs the broker much. Not the default
+/// (off): with several workers a backlog could stay parked until its
+/// 10-minute pause ran out (seen once in CI's chaos outage on 4.3.6, 13
+/// of 5,000), and that race is not found yet.
+pub const SUGGESTED_BREAKER_PARK_AFTER: Duration = Duration::from_secs(60);
 
 /// The shared endpoint state's settings (`crate::control`).
 #[derive(Clone, Debug, PartialEq)]
@@ -45,7 +46,7 @@ impl Default for ControlSettings {
     fn default() -> Self {
         ControlSettings {
             disable_after: Some(DEFAULT_DISABLE_AFTER),
-            breaker_park_after: Some(DEFAULT_BREAKER_PARK_AFTER),
+            breaker_park_after: None,
         }
     }
 }

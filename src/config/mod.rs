@@ -12,9 +12,8 @@ mod tls;
 pub use amqp_url::{AmqpUrl, BadUrl, CONNECT_TIMEOUT};
 pub use egress::{BadProxy, ProxySetting};
 pub use endpoint::{
-    ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_BREAKER_PARK_AFTER,
-    DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED,
-    DEFAULT_MAX_WAITING,
+    ControlSettings, EndpointLimits, EndpointSettings, DEFAULT_DISABLE_AFTER, DEFAULT_MAX_AGE,
+    DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_PARKED, DEFAULT_MAX_WAITING, SUGGESTED_BREAKER_PARK_AFTER,
 };
 pub use events::{parse_type_pattern, EventSettings, DEFAULT_FAILING_AFTER};
 pub use routes::{Route, Routes};

@@ -31,7 +31,7 @@ use crate::isolation::{BreakerSeen, CLOCK_SLACK_MS};
 
 /// How long a breaker's pause lasts at most.
 pub const PARK_FOR: Duration = Duration::from_secs(600);
-pub use crate::config::DEFAULT_BREAKER_PARK_AFTER;
+pub use crate::config::SUGGESTED_BREAKER_PARK_AFTER;
 
 /// What one tick plans from.
 pub struct Inputs<'a> {

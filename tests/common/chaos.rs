@@ -139,12 +139,11 @@ impl Fleet {
                 std::env::var("CHAOS_LOG").unwrap_or_else(|_| "info".into()),
             )
             .env("NO_COLOR", "1")
-            // `CHAOS_PARK_AFTER` (a duration, or off): `--breaker-park-after`
-            // for the scenarios that set none.
-            .envs(
-                std::env::var("CHAOS_PARK_AFTER")
-                    .map(|v| ("REDELIVER_BREAKER_PARK_AFTER", v))
-                    .ok(),
+            // `CHAOS_PARK_AFTER` (a duration) to run a scenario with
+            // `--breaker-park-after` on; off, the default, otherwise.
+            .env(
+                "REDELIVER_BREAKER_PARK_AFTER",
+                std::env::var("CHAOS_PARK_AFTER").unwrap_or_else(|_| "off".into()),
             )
             .stdout(Stdio::null())
             .stderr(log)
@@ -187,23 +186,6 @@ impl Fleet {
         for e in std::fs::read_dir(&self.logs).unwrap().flatten() {
             let text = std::fs::read_to_string(e.path()).unwrap_or_default();
             n += text.lines().filter(|l| l.contains(needle)).count();
-        }
-        n
-    }
-
-    /// Notifications the workers read back out of the parking queues: the
-    /// `moved` of their "parked notifications read" lines (JSON logs).
-    pub fn unparked(&self) -> u64 {
-        let mut n = 0;
-        for e in std::fs::read_dir(&self.logs).unwrap().flatten() {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            for line in text
-                .lines()
-                .filter(|l| l.contains("parked notifications read"))
-            {
-                let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
-                n += v["moved"].as_u64().unwrap_or(0);
-            }
         }
         n
     }

@@ -206,11 +206,10 @@ pub struct EndpointArgs {
     /// parks its notifications (as for `endpoint pause`, for at most 10
     /// minutes) instead of deferring them through the delay backend; each
     /// worker's breaker still lets new deliveries through as probes, and
-    /// the first probe that succeeds releases the backlog at once. The
-    /// default is past the breaker's first openings (5, 10, 20 s), so a
-    /// short outage still retries through the delay backend. `off`: an
-    /// open breaker always defers.
-    #[arg(long, env = "REDELIVER_BREAKER_PARK_AFTER", default_value = "1m", value_parser = duration_or_off, value_name = "DURATION|off")]
+    /// the first probe that succeeds releases the backlog at once. `off`
+    /// (the default for now; 1m is the suggested value): an open breaker
+    /// always defers.
+    #[arg(long, env = "REDELIVER_BREAKER_PARK_AFTER", default_value = "off", value_parser = duration_or_off, value_name = "DURATION|off")]
     pub breaker_park_after: OrOff,
     /// Endpoints whose state a worker keeps; the least recently used are
     /// forgotten beyond it.
