@@ -153,10 +153,10 @@ impl Acks {
     /// 4.3.6, here about once in 25 stops): a channel lapin auto-closes on
     /// drop raced the connection's close ("invalid channel state:
     /// Closing"), lapin raised a connection error and dropped the socket,
-    /// and the broker requeued deliveries whose acks it had not taken.
-    /// Redelivered, not lost, but each one a duplicate. `queue` labels its frames in
-    /// `redeliver_ack_frames_total`: per lane, an operator sees which
-    /// lane's acks go alone.
+    /// and the broker requeued deliveries whose acks it had not taken:
+    /// redelivered, not lost, but each one a duplicate. `queue` labels its
+    /// frames in `redeliver_ack_frames_total`: per lane, an operator sees
+    /// which lane's acks go alone.
     pub(super) fn start(
         channel: Channel,
         tracker: &TaskTracker,
