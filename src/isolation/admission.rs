@@ -110,8 +110,8 @@ impl Parked {
     /// the slot in hand, so deliveries that waited for slots never start
     /// together above the rate. Ends in `Go` with the slot, or in `Defer`
     /// (without one) when the endpoint stalled or its wait grew too long
-    /// ([`gives_up`]), its breaker opened or paused it meanwhile,
-    /// or its rate turn is far.
+    /// ([`gives_up`]), its breaker opened or paused it meanwhile, its
+    /// rate turn is far, or no worker slot came within [`PARK_TIMEOUT`].
     pub async fn wait<S, F, Fut>(mut self, mut take_slot: F) -> (Admission, Option<S>)
     where
         F: FnMut() -> Fut,
@@ -124,7 +124,15 @@ impl Parked {
             if let Err(deferred) = self.until_turn().await {
                 return (deferred, None);
             }
-            let slot = take_slot().await;
+            // Bounded: the worker's slots may all be held by deliveries
+            // parked behind this one that kept theirs (they parked while
+            // their endpoint was alone, `keeps_slot`), each waiting for
+            // the room this one holds. Neither side would ever let go:
+            // seen in CI as a worker that went silent for minutes with 70
+            // deliveries unfinished. Giving the turn back breaks it.
+            let Ok(slot) = tokio::time::timeout(PARK_TIMEOUT, take_slot()).await else {
+                return (self.no_slot(), None);
+            };
             let now = Instant::now();
             let mut st = self.ep.state();
             if !rate_wait_at(&self.ep, &st, now).is_zero() {
@@ -135,6 +143,15 @@ impl Parked {
             self.reserved = false;
             return (go(&self.ep, &mut st, now), Some(slot));
         }
+    }
+
+    /// The deferral of a delivery let go by its endpoint that found no
+    /// worker slot within [`PARK_TIMEOUT`]; the room it held goes to the
+    /// next in the queue when it is dropped.
+    fn no_slot(&self) -> Admission {
+        let now = Instant::now();
+        let mut st = self.ep.state();
+        defer(&self.ep, &mut st, now, PARK_WAIT, DeferReason::Busy)
     }
 
     /// Waits until it is first in its endpoint's queue and the endpoint

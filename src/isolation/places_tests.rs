@@ -118,3 +118,67 @@ async fn an_endpoint_that_never_answered_parks_one_round_while_others_have_work(
         }
     ));
 }
+
+/// One delivery parked while another endpoint had work (so without a
+/// worker slot), two more behind it once its endpoint was alone (each
+/// keeping its slot, and between them every slot). When room comes, the
+/// first is let go and waits for a slot the other two hold, while they
+/// wait for the room it holds: it gives its turn back after
+/// [`PARK_TIMEOUT`] and they go. (Seen in CI as a worker silent for
+/// minutes with its deliveries unfinished.)
+#[tokio::test]
+async fn a_delivery_let_go_without_a_slot_gives_its_turn_back_to_those_holding_the_slots() {
+    let e = endpoints(1, 8);
+    let (a, b) = (url("http://a.test/"), url("http://b.test/"));
+    let busy = go(admit(&e, &a));
+    let other = go(admit(&e, &b));
+    // Counted: two endpoints have work.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let Admission::Park(first) = admit(&e, &a) else {
+        panic!("a is at its limit: it parks");
+    };
+    assert!(!first.keeps_slot(), "beside b it parks without its slot");
+    other.finish(Signal::Alive, &done());
+    tokio::time::sleep(ACTIVE_WINDOW + Duration::from_millis(150)).await;
+    let slots = Arc::new(tokio::sync::Semaphore::new(2));
+    let mut keepers = Vec::new();
+    for _ in 0..2 {
+        let Admission::Park(p) = admit(&e, &a) else {
+            panic!("alone, it parks behind the first");
+        };
+        assert!(p.keeps_slot(), "alone it parks keeping its slot");
+        let slot = slots.clone().try_acquire_owned().unwrap();
+        keepers.push(tokio::spawn(async move {
+            let answer = p.wait(|| async {}).await.0;
+            let went = matches!(answer, Admission::Go(_));
+            if let Admission::Go(pass) = answer {
+                pass.finish(Signal::Alive, &done());
+            }
+            drop(slot);
+            went
+        }));
+    }
+    let held = slots.clone();
+    let first = tokio::spawn(async move { first.wait(|| held.clone().acquire_owned()).await });
+    busy.finish(Signal::Alive, &done());
+    let bound = PARK_TIMEOUT + Duration::from_secs(3);
+    let (answer, slot) = tokio::time::timeout(bound, first)
+        .await
+        .expect("the first one gave its turn back")
+        .unwrap();
+    assert!(slot.is_none(), "without a slot");
+    assert!(matches!(
+        answer,
+        Admission::Defer {
+            reason: DeferReason::Busy,
+            ..
+        }
+    ));
+    for k in keepers {
+        let went = tokio::time::timeout(bound, k)
+            .await
+            .expect("it went")
+            .unwrap();
+        assert!(went, "a keeper is let go once the turn is given back");
+    }
+}
