@@ -127,9 +127,9 @@ impl Parked {
             // Bounded: the worker's slots may all be held by deliveries
             // parked behind this one that kept theirs (they parked while
             // their endpoint was alone, `keeps_slot`), each waiting for
-            // the room this one holds. Neither side would ever let go:
-            // seen in CI as a worker that went silent for minutes with 70
-            // deliveries unfinished. Giving the turn back breaks it.
+            // the room this one holds. Neither side would ever let go
+            // (the likely cause of a worker CI saw go silent for minutes
+            // with 70 deliveries unfinished). Giving the turn back breaks it.
             let Ok(slot) = tokio::time::timeout(PARK_TIMEOUT, take_slot()).await else {
                 return (self.no_slot(), None);
             };

@@ -124,8 +124,8 @@ async fn an_endpoint_that_never_answered_parks_one_round_while_others_have_work(
 /// keeping its slot, and between them every slot). When room comes, the
 /// first is let go and waits for a slot the other two hold, while they
 /// wait for the room it holds: it gives its turn back after
-/// [`PARK_TIMEOUT`] and they go. (Seen in CI as a worker silent for
-/// minutes with its deliveries unfinished.)
+/// [`PARK_TIMEOUT`] and they go. (The likely cause of a worker CI saw
+/// silent for minutes with its deliveries unfinished.)
 #[tokio::test]
 async fn a_delivery_let_go_without_a_slot_gives_its_turn_back_to_those_holding_the_slots() {
     let e = endpoints(1, 8);
