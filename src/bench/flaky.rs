@@ -6,6 +6,9 @@
 //! with isolation over without. Isolation must not treat a flaky
 //! receiver as a dead one: its 500s are the notifications' outcomes, and
 //! a 5% share of hangs neither opens the breaker nor shrinks its limit.
+//! Both runs of a pair meet the same failures, notification by
+//! notification and attempt by attempt (a seed per pair, see the sink's
+//! `flaky_draw`), so the ratio compares the workers, not two draws.
 
 use super::options::Phase;
 use super::pairs::{median, Spread};
@@ -31,9 +34,10 @@ impl Bench {
         let p = Phase::Flaky;
         let n = self.sizes.flaky_n;
         let (mut on, mut off) = (vec![], vec![]);
-        for _ in 0..self.pairs() {
-            on.push(self.flaky_run(n, &[]).await?);
-            off.push(self.flaky_run(n, &["--isolation", "off"]).await?);
+        // Each pair meets its own failures, the same in both runs.
+        for seed in 0..self.pairs() as u64 {
+            on.push(self.flaky_run(n, seed, &[]).await?);
+            off.push(self.flaky_run(n, seed, &["--isolation", "off"]).await?);
         }
         let name =
             format!("{n} notifications, {WORKERS} workers: settle time, default flags (median)");
@@ -52,12 +56,12 @@ impl Bench {
         Ok(())
     }
 
-    /// Drains `n` notifications to the flaky sink with [`WORKERS`]
-    /// workers; returns the seconds from the first request to the last
-    /// success.
-    async fn flaky_run(&mut self, n: usize, extra: &[&str]) -> anyhow::Result<f64> {
+    /// Drains `n` notifications to the flaky sink, failing as `seed`
+    /// draws, with [`WORKERS`] workers; returns the seconds from the first
+    /// request to the last success.
+    async fn flaky_run(&mut self, n: usize, seed: u64, extra: &[&str]) -> anyhow::Result<f64> {
         self.sink.reset(Mode {
-            flaky: true,
+            flaky: Some(seed),
             ..Mode::default()
         });
         let mut args = Self::concurrency_args(self.sizes.concurrency);

@@ -26,8 +26,11 @@ pub struct Mode {
     /// crash phase's duplicates; off elsewhere, as it takes a lock.
     pub per_id: bool,
     /// Answer 500 to [`FLAKY_ERRORS`] of requests, and hang for
-    /// [`FLAKY_HANG`] (then 500) on [`FLAKY_HANGS`] of them.
-    pub flaky: bool,
+    /// [`FLAKY_HANG`] (then 500) on [`FLAKY_HANGS`] of them. Which ones
+    /// is drawn from this seed, the body and the attempt number
+    /// ([`flaky_draw`]), not at random: two runs with one seed meet the
+    /// same failures, notification by notification.
+    pub flaky: Option<u64>,
     /// Answer 500 to [`FLAKY_ERRORS`] of attempt-1 requests, at random,
     /// and 200 to every later attempt.
     pub flaky_first: bool,
@@ -56,6 +59,7 @@ struct Shared {
     measure: AtomicBool,
     per_id: AtomicBool,
     flaky: AtomicBool,
+    flaky_seed: AtomicU64,
     flaky_first: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
@@ -147,7 +151,9 @@ impl Sink {
             .store(mode.latency.as_micros() as u64, Ordering::SeqCst);
         s.measure.store(mode.measure, Ordering::SeqCst);
         s.per_id.store(mode.per_id, Ordering::SeqCst);
-        s.flaky.store(mode.flaky, Ordering::SeqCst);
+        s.flaky.store(mode.flaky.is_some(), Ordering::SeqCst);
+        s.flaky_seed
+            .store(mode.flaky.unwrap_or_default(), Ordering::SeqCst);
         s.flaky_first.store(mode.flaky_first, Ordering::SeqCst);
         for c in [&s.ok, &s.failed, &s.first_us, &s.last_us, &s.ids_ok] {
             c.store(0, Ordering::SeqCst);
@@ -242,7 +248,7 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
         s.failed.fetch_add(1, Ordering::Relaxed);
         return StatusCode::INTERNAL_SERVER_ERROR;
     }
-    if s.flaky.load(Ordering::Relaxed) && flaky_fails().await {
+    if s.flaky.load(Ordering::Relaxed) && flaky_fails(flaky_draw(&s, &headers, &body)).await {
         s.failed.fetch_add(1, Ordering::Relaxed);
         return StatusCode::INTERNAL_SERVER_ERROR;
     }
@@ -259,14 +265,30 @@ async fn answer(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     StatusCode::OK
 }
 
-/// Whether a flaky sink fails this request: a 500 for [`FLAKY_ERRORS`] of
-/// them, and for [`FLAKY_HANGS`] a 500 after [`FLAKY_HANG`].
-async fn flaky_fails() -> bool {
-    let u: f64 = rand::random();
+/// Whether a flaky sink fails this request, from its draw `u` in [0, 1):
+/// a 500 for [`FLAKY_ERRORS`] of them, and for [`FLAKY_HANGS`] a 500
+/// after [`FLAKY_HANG`].
+async fn flaky_fails(u: f64) -> bool {
     if u < FLAKY_HANGS {
         tokio::time::sleep(FLAKY_HANG).await;
     }
     u < FLAKY_HANGS + FLAKY_ERRORS
+}
+
+/// A request's draw in [0, 1), from the seed, its body (the bench's
+/// bodies are unique) and its `redeliver-attempt`: a repeat of one attempt
+/// draws the same. Why not at random: a run's settle time is its unluckiest
+/// notification's, a chain of failed attempts, and the phase compares two
+/// runs. With independent draws the pair compares two different chains as
+/// much as it compares the workers; with one seed both runs meet the same.
+fn flaky_draw(s: &Shared, headers: &HeaderMap, body: &[u8]) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    s.flaky_seed.load(Ordering::Relaxed).hash(&mut h);
+    body.hash(&mut h);
+    let attempt = headers.get("redeliver-attempt").map(|v| v.as_bytes());
+    attempt.hash(&mut h);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Counts one request against its `webhook-id`, before it is answered:
@@ -288,5 +310,31 @@ fn count_id(s: &Shared, headers: &HeaderMap, first_attempt: bool) {
         if e.ok == 1 {
             s.ids_ok.fetch_add(1, Ordering::SeqCst);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draw(seed: u64, i: usize, attempt: &str) -> f64 {
+        let s = Shared::default();
+        s.flaky_seed.store(seed, Ordering::Relaxed);
+        let mut h = HeaderMap::new();
+        h.insert("redeliver-attempt", attempt.parse().unwrap());
+        flaky_draw(&s, &h, format!(r#"{{"i":{i}}}"#).as_bytes())
+    }
+
+    #[test]
+    fn one_seed_draws_the_same_failures_and_in_the_stated_shares() {
+        assert_eq!(draw(2, 7, "1"), draw(2, 7, "1"));
+        assert_ne!(draw(2, 7, "1"), draw(2, 7, "2"));
+        assert_ne!(draw(2, 7, "1"), draw(3, 7, "1"));
+        let draws: Vec<f64> = (0..20_000).map(|i| draw(0, i, "1")).collect();
+        assert!(draws.iter().all(|u| (0.0..1.0).contains(u)));
+        let share = |below: f64| draws.iter().filter(|u| **u < below).count() as f64 / 20_000.0;
+        assert!((share(FLAKY_HANGS) - FLAKY_HANGS).abs() < 0.01);
+        let failing = FLAKY_HANGS + FLAKY_ERRORS;
+        assert!((share(failing) - failing).abs() < 0.01);
     }
 }
