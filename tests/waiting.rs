@@ -101,6 +101,50 @@ async fn a_kill_9_with_waiting_deliveries_loses_nothing(backend: DelayBackend) {
     assert!(app.drain_dead().await.is_empty(), "nothing dead-lettered");
 }
 
+/// A delivery waiting in the worker keeps its tag open, and every ack
+/// above it on its consumer's channel would go alone for as long as it
+/// waits. The feed replaces the lane's consumer at once, so a healthy
+/// endpoint whose notifications share the lane keeps its acks in runs:
+/// single frames on that lane, from `redeliver_ack_frames_total`, stay
+/// well under one per delivery (all 1,000 went alone before).
+async fn a_wait_in_the_worker_leaves_its_lanes_acks_multiple(backend: DelayBackend) {
+    let app = TestApp::new("wait-lane", backend);
+    let paused = Receiver::start(|r: &Recorded| match r.id() == "p-0" && r.nth == 1 {
+        true => Reply::status(429).header("retry-after", "5"),
+        false => Reply::status(200),
+    })
+    .await;
+    let healthy = loop {
+        let rx =
+            Receiver::start(|_: &Recorded| Reply::status(200).delay(Duration::from_millis(20)))
+                .await;
+        if app.lane_for(&rx.url("/")) == app.lane_for(&paused.url("/")) {
+            break rx;
+        }
+    };
+    let (w, admin) = run_with_admin(&app, &[]);
+    app.publish(&paused.notifications("p", 1)).await;
+    assert!(wait_until(Duration::from_secs(20), || paused.count() >= 1).await);
+    app.publish(&paused.notifications("q", 1)).await;
+    let within = Duration::from_secs(10);
+    let waiting = wait_metric(admin, "redeliver_waiting", &[], within, |v| v >= 1.0).await;
+    let ids = app.publish(&healthy.notifications("h", 1_000)).await;
+    let done = wait_until(Duration::from_secs(60), || all_delivered(&healthy, &ids)).await;
+    let metrics = scrape(admin).await.unwrap_or_default();
+    drop(w);
+    assert_eq!(waiting, Some(1.0), "q-0 waited in the worker");
+    assert!(done, "{} of 1,000 delivered", healthy.count());
+    let lane = format!("queue=\"{}\"", app.name(&app.lane_for(&healthy.url("/"))));
+    let ack = "redeliver_ack_frames_total";
+    let single = value(&metrics, ack, &["kind=\"single\"", &lane]).unwrap_or(0.0);
+    let multiple = value(&metrics, ack, &["kind=\"multiple\"", &lane]).unwrap_or(0.0);
+    println!("the shared lane's ack frames: {single} single, {multiple} multiple");
+    assert!(
+        single < 500.0,
+        "{single} single frames for 1,000 deliveries"
+    );
+}
+
 async fn wait_until_empty(app: &TestApp) -> bool {
     for _ in 0..100 {
         if app.queue_len("work").await == 0 {
@@ -113,5 +157,6 @@ async fn wait_until_empty(app: &TestApp) -> bool {
 
 both_backends!(
     a_short_pause_waits_in_the_worker,
+    a_wait_in_the_worker_leaves_its_lanes_acks_multiple,
     a_kill_9_with_waiting_deliveries_loses_nothing
 );

@@ -13,6 +13,7 @@ mod park;
 pub(crate) mod process;
 mod record;
 mod reread;
+mod rotation;
 mod session;
 mod traced;
 mod unpark;

@@ -44,7 +44,7 @@ impl WaitRoom {
         let body = self.kib.clone().try_acquire_many_owned(kib).ok()?;
         Some(Seat {
             _permits: (seat, body),
-            _held: lease.hold_as(telemetry::WAITING),
+            _held: lease.hold_waiting(),
         })
     }
 }
