@@ -11,7 +11,10 @@
 //!
 //! So the feed *rotates*: once the current consumer holds half its room in
 //! settling originals, it opens a fresh channel and consumer (a fresh
-//! prefetch) and cancels the old consumer. The old channel stays open, so
+//! prefetch) and cancels the old consumer. It rotates too when a delivery
+//! begins to wait in the worker (`wait.rs`), at most once a second per
+//! lane (`rotation.rs`): the old channel keeps the waiting tag open, and
+//! the fresh one's acks go in runs again. The old channel stays open, so
 //! its held originals are still acked on the channel they arrived on, and
 //! is closed once its last delivery is settled. Closing it also returns to
 //! the queue anything the broker sent after the cancel-ok, which lapin
