@@ -371,8 +371,10 @@ async fn a_bad_endpoint_leaves_another_lanes_acks_multiple(backend: DelayBackend
     // Beside the bad endpoint with one lane, its acks go alone: the cost
     // lanes remove. With eight they go as when it is alone in 7 runs of 9
     // here (304-416 single against 305-473 alone), but in 2 runs (one on
-    // CI, running alone) 944 and 985 still went alone: not explained yet
-    // (issue 51 stays open), so only "fewer than with one lane" is held.
+    // CI, running alone) 944 and 985 still went alone. The likely cause, a
+    // healthy delivery waiting in the worker with its lane's tags behind
+    // it, now rotates the lane's consumer (`tests/waiting.rs` holds that);
+    // unconfirmed here, so only "fewer than with one lane" is held.
     assert!(
         one_lane >= 900.0,
         "one lane: {one_lane} single, the old cost"
