@@ -269,9 +269,9 @@ impl Feed {
         self.subscriber.rotate.clone()
     }
 
-    /// Replaces the current consumer with a fresh one (a fresh prefetch),
-    /// then cancels the old one. Does nothing when it no longer holds
-    /// enough, when too many consumers are alive, or while a retired
+    /// Replaces a lane's current consumer with a fresh one (a fresh
+    /// prefetch), then cancels the old one. Does nothing when no lane wants
+    /// it (`rotation.rs`), when too many consumers are alive, or while a retired
     /// consumer still has deliveries to hand out: so at most two
     /// prefetches' worth of bodies are ever in memory.
     pub(super) async fn rotate(&mut self) -> Result<(), lapin::Error> {
