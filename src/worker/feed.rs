@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use super::acks::{Acks, Settle};
-use super::rotation::pick;
+use super::rotation::{pick, Why};
 
 use crate::telemetry::{self, GaugeGuard};
 
@@ -248,8 +248,8 @@ impl Feed {
         None
     }
 
-    /// The lane to rotate now, if any ([`pick`]).
-    fn wanted(&self, now: Instant) -> Option<usize> {
+    /// The lane to rotate now and why, if any ([`pick`]).
+    fn wanted(&self, now: Instant) -> Option<(usize, Why)> {
         let seen: Vec<(usize, bool)> = self
             .current
             .iter()
@@ -277,16 +277,17 @@ impl Feed {
     pub(super) async fn rotate(&mut self) -> Result<(), lapin::Error> {
         let live = self.subscriber.live.load(Ordering::Relaxed);
         let draining = self.streams.len() > self.current.len();
-        let Some(lane) = self.wanted(Instant::now()) else {
+        let now = Instant::now();
+        let Some((lane, why)) = self.wanted(now) else {
             return Ok(());
         };
         if live >= MAX_LIVE * self.current.len() || draining || self.stuck {
             return Ok(());
         }
-        let held = self.current[lane].held.load(Ordering::Relaxed);
-        if held < self.subscriber.threshold {
-            self.wait_rotated[lane] = Some(Instant::now());
+        if why == Why::Wait {
+            self.wait_rotated[lane] = Some(now);
         }
+        let held = self.current[lane].held.load(Ordering::Relaxed);
         let (fresh, deliveries) = match self.subscriber.subscribe(lane).await {
             Ok(fresh) => fresh,
             // Say, the broker's channel_max: keep the current consumer

@@ -10,24 +10,35 @@ use std::time::{Duration, Instant};
 /// delivery waits 10 s at most, `crate::policy::wait`).
 const WAIT_EVERY: Duration = Duration::from_secs(1);
 
-/// The lane to rotate (pure): the first whose consumer holds `threshold`
-/// or more, else the first whose consumer had a delivery wait in the
-/// worker (`lanes[k]`: held, waited) and no rotation for a wait within
-/// [`WAIT_EVERY`] (`wait_rotated[k]`).
+/// Why a lane's consumer is replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Why {
+    /// It holds half its room in settling originals.
+    Full,
+    /// A delivery began to wait in the worker on it (spaced by
+    /// [`WAIT_EVERY`]: the caller stamps the time).
+    Wait,
+}
+
+/// The lane to rotate and why (pure): the first whose consumer holds
+/// `threshold` or more, else the first whose consumer had a delivery wait
+/// in the worker (`lanes[k]`: held, waited) and no rotation for a wait
+/// within [`WAIT_EVERY`] (`wait_rotated[k]`).
 pub(super) fn pick(
     lanes: &[(usize, bool)],
     wait_rotated: &[Option<Instant>],
     threshold: usize,
     now: Instant,
-) -> Option<usize> {
-    let full = lanes.iter().position(|&(held, _)| held >= threshold);
-    full.or_else(|| {
-        let spaced = |k: usize| {
-            let last = wait_rotated.get(k).copied().flatten();
-            last.is_none_or(|at| now.saturating_duration_since(at) >= WAIT_EVERY)
-        };
-        (0..lanes.len()).find(|&k| lanes[k].1 && spaced(k))
-    })
+) -> Option<(usize, Why)> {
+    if let Some(k) = lanes.iter().position(|&(held, _)| held >= threshold) {
+        return Some((k, Why::Full));
+    }
+    let spaced = |k: usize| {
+        let last = wait_rotated.get(k).copied().flatten();
+        last.is_none_or(|at| now.saturating_duration_since(at) >= WAIT_EVERY)
+    };
+    let k = (0..lanes.len()).find(|&k| lanes[k].1 && spaced(k))?;
+    Some((k, Why::Wait))
 }
 
 #[cfg(test)]
@@ -41,14 +52,16 @@ mod tests {
         // Nothing held: nothing to do.
         assert_eq!(pick(&[(0, false), (0, false)], &never, 128, now), None);
         // Half the room held in lane 1 goes before a wait in lane 0.
-        assert_eq!(pick(&[(1, true), (128, false)], &never, 128, now), Some(1));
+        let full = Some((1, Why::Full));
+        assert_eq!(pick(&[(1, true), (128, false)], &never, 128, now), full);
         // A wait rotates its lane at once...
-        assert_eq!(pick(&[(0, false), (1, true)], &never, 128, now), Some(1));
+        let wait = Some((1, Why::Wait));
+        assert_eq!(pick(&[(0, false), (1, true)], &never, 128, now), wait);
         // ...but not again within WAIT_EVERY; then again.
         let just = [None, Some(now)];
         assert_eq!(pick(&[(0, false), (1, true)], &just, 128, now), None);
         let later = now + WAIT_EVERY;
-        assert_eq!(pick(&[(0, false), (1, true)], &just, 128, later), Some(1));
+        assert_eq!(pick(&[(0, false), (1, true)], &just, 128, later), wait);
         // Many held without a wait (settling originals) wait for the threshold.
         assert_eq!(pick(&[(127, false)], &[None], 128, now), None);
     }
