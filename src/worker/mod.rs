@@ -15,6 +15,7 @@ mod record;
 mod reread;
 mod rotation;
 mod session;
+mod stuck;
 mod traced;
 mod unpark;
 mod wait;
