@@ -1,8 +1,7 @@
 //! Short deferrals wait in the worker (`--max-waiting`), unacked, instead
 //! of a round trip through the delay backend: a `Retry-After` pause is
 //! sat out without a republish, and a worker killed with `-9` while
-//! deliveries wait in it loses none of them. Neither a wait nor a hung
-//! attempt turns its lane-mates' acks single. Real broker, real `redeliver
+//! deliveries wait in it loses none of them. Real broker, real `redeliver
 //! run` processes, real HTTP receivers on 127.0.0.1:0.
 
 #[macro_use]
@@ -105,9 +104,12 @@ async fn a_kill_9_with_waiting_deliveries_loses_nothing(backend: DelayBackend) {
 /// A delivery waiting in the worker keeps its tag open, and every ack
 /// above it on its consumer's channel would go alone for as long as it
 /// waits. The feed replaces the lane's consumer at once, so a healthy
-/// endpoint whose notifications share the lane keeps its acks in runs:
-/// single frames on that lane, from `redeliver_ack_frames_total`, stay
-/// well under one per delivery (all 1,000 went alone before).
+/// endpoint whose notifications share the lane keeps its acks in runs. In
+/// `redeliver_ack_frames_total`, `multiple` frames come at all, which
+/// none can while the open tag is on the same channel (991 single and 0
+/// multiple before the rotation). How many go alone anyway depends on the
+/// machine (deliveries that finish more than 5 ms out of order): 166-195
+/// on a quick day here, 609-666 on one 3.5 times slower.
 async fn a_wait_in_the_worker_leaves_its_lanes_acks_multiple(backend: DelayBackend) {
     let app = TestApp::new("wait-lane", backend);
     let paused = Receiver::start(|r: &Recorded| match r.id() == "p-0" && r.nth == 1 {
@@ -115,61 +117,31 @@ async fn a_wait_in_the_worker_leaves_its_lanes_acks_multiple(backend: DelayBacke
         false => Reply::status(200),
     })
     .await;
+    let healthy = loop {
+        let rx =
+            Receiver::start(|_: &Recorded| Reply::status(200).delay(Duration::from_millis(20)))
+                .await;
+        if app.lane_for(&rx.url("/")) == app.lane_for(&paused.url("/")) {
+            break rx;
+        }
+    };
     let (w, admin) = run_with_admin(&app, &[]);
     app.publish(&paused.notifications("p", 1)).await;
     assert!(wait_until(Duration::from_secs(20), || paused.count() >= 1).await);
     app.publish(&paused.notifications("q", 1)).await;
     let within = Duration::from_secs(10);
     let waiting = wait_metric(admin, "redeliver_waiting", &[], within, |v| v >= 1.0).await;
-    assert_eq!(waiting, Some(1.0), "q-0 waited in the worker");
-    lane_mates_acks_stay_multiple(&app, &paused, admin).await;
-    drop(w);
-}
-
-/// An attempt that hangs keeps its tag open just the same (for up to
-/// `--timeout`): its ack task sees the acks above it go alone and the
-/// feed replaces the lane's consumer (`worker/stuck.rs`). Before, a
-/// lane-mate of a hung endpoint paid a single frame per ack.
-async fn a_hung_attempt_leaves_its_lanes_acks_multiple(backend: DelayBackend) {
-    let app = TestApp::new("hang-lane", backend);
-    let hung =
-        Receiver::start(|_: &Recorded| Reply::status(200).delay(Duration::from_secs(60))).await;
-    let (w, admin) = run_with_admin(&app, &["--timeout", "60s"]);
-    app.publish(&hung.notifications("x", 1)).await;
-    assert!(wait_until(Duration::from_secs(20), || hung.count() >= 1).await);
-    lane_mates_acks_stay_multiple(&app, &hung, admin).await;
-    drop(w);
-}
-
-/// 1,000 notifications to a healthy receiver in `blocker`'s lane, while
-/// one delivery to `blocker` holds its tag open: all arrive, and that
-/// lane's acks go in runs (`multiple`) again. Without a rotation none can:
-/// a `multiple` ack would cover the open tag, so every ack goes alone (991
-/// single and 0 multiple, seen before the rotations). How many go alone
-/// anyway depends on the machine (deliveries that finish out of order by
-/// more than the 5 ms coalescing): 170-200 on a quick day here, 550-620 on
-/// a slow one.
-async fn lane_mates_acks_stay_multiple(app: &TestApp, blocker: &Receiver, admin: u16) {
-    let healthy = loop {
-        let rx =
-            Receiver::start(|_: &Recorded| Reply::status(200).delay(Duration::from_millis(20)))
-                .await;
-        if app.lane_for(&rx.url("/")) == app.lane_for(&blocker.url("/")) {
-            break rx;
-        }
-    };
     let ids = app.publish(&healthy.notifications("h", 1_000)).await;
     let done = wait_until(Duration::from_secs(60), || all_delivered(&healthy, &ids)).await;
     let metrics = scrape(admin).await.unwrap_or_default();
+    drop(w);
+    assert_eq!(waiting, Some(1.0), "q-0 waited in the worker");
     assert!(done, "{} of 1,000 delivered", healthy.count());
     let lane = format!("queue=\"{}\"", app.name(&app.lane_for(&healthy.url("/"))));
     let ack = "redeliver_ack_frames_total";
     let single = value(&metrics, ack, &["kind=\"single\"", &lane]).unwrap_or(0.0);
     let multiple = value(&metrics, ack, &["kind=\"multiple\"", &lane]).unwrap_or(0.0);
-    let rotations = value(&metrics, "redeliver_consumer_rotations_total", &[]).unwrap_or(0.0);
-    println!(
-        "the shared lane's ack frames: {single} single, {multiple} multiple; {rotations} rotations"
-    );
+    println!("the shared lane's ack frames: {single} single, {multiple} multiple");
     assert!(
         multiple >= 20.0 && single <= 900.0,
         "{single} single and {multiple} multiple frames for 1,000 deliveries"
@@ -189,6 +161,5 @@ async fn wait_until_empty(app: &TestApp) -> bool {
 both_backends!(
     a_short_pause_waits_in_the_worker,
     a_wait_in_the_worker_leaves_its_lanes_acks_multiple,
-    a_hung_attempt_leaves_its_lanes_acks_multiple,
     a_kill_9_with_waiting_deliveries_loses_nothing
 );

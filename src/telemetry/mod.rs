@@ -201,7 +201,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         ROTATIONS,
-        "Work-queue consumers replaced so that settling originals leave the prefetch free, or a tag left open (a delivery waiting in the worker, a hung attempt) leaves its lane's acks batched"
+        "Work-queue consumers replaced so that settling originals leave the prefetch free, or a delivery waiting in the worker leaves its lane's acks batched"
     );
     describe_endpoint_metrics();
     describe_delay_metrics();

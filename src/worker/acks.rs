@@ -36,7 +36,6 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use super::stuck::{Floor, Stuck};
 use crate::telemetry;
 
 /// At most this many settles are planned in one turn.
@@ -139,22 +138,6 @@ impl Book {
     }
 }
 
-impl Book {
-    /// Every tag up to this one is settled.
-    pub(super) fn floor(&self) -> u64 {
-        self.floor
-    }
-}
-
-/// Whether one of `frames` is an ack sent alone above `floor`: one that a
-/// tag still open below it kept out of a run.
-fn alone_above(frames: &[Frame], floor: u64) -> bool {
-    frames.iter().any(|f| match *f {
-        Frame::Ack { tag, multiple } => !multiple && tag > floor,
-        Frame::Requeue(_) => false,
-    })
-}
-
 /// The sending side: cheap to call from a delivery's task.
 #[derive(Debug)]
 pub(super) struct Acks(mpsc::UnboundedSender<Settle>);
@@ -177,12 +160,12 @@ impl Acks {
     pub(super) fn start(
         channel: Channel,
         tracker: &TaskTracker,
-        (ending, stuck): (Arc<AtomicBool>, Stuck),
+        ending: Arc<AtomicBool>,
         queue: String,
     ) -> Acks {
         let (tx, rx) = mpsc::unbounded_channel();
         tracker.spawn(async move {
-            run(&channel, rx, &queue, &stuck).await;
+            run(&channel, rx, &queue).await;
             // A retired consumer's late deliveries: see `CLOSE_AFTER`. At
             // the session's end the consumers' cancel-ok came first.
             if !ending.load(Ordering::Relaxed) {
@@ -201,13 +184,8 @@ impl Acks {
     }
 }
 
-async fn run(
-    channel: &Channel,
-    mut rx: mpsc::UnboundedReceiver<Settle>,
-    queue: &str,
-    stuck: &Stuck,
-) {
-    let (mut book, mut floor) = (Book::default(), Floor::new(Instant::now()));
+async fn run(channel: &Channel, mut rx: mpsc::UnboundedReceiver<Settle>, queue: &str) {
+    let mut book = Book::default();
     let mut batch = Vec::with_capacity(TURN);
     // Since when acks above the floor wait (see `Book::pending`).
     let mut waiting_since: Option<Instant> = None;
@@ -224,10 +202,6 @@ async fn run(
         let over = got == 0 || waiting_since.is_some_and(|t| t.elapsed() >= COALESCE);
         let frames = book.plan(&batch, over);
         batch.clear();
-        let alone = alone_above(&frames, book.floor());
-        if floor.turn(book.floor(), alone, Instant::now()) {
-            stuck.tell();
-        }
         waiting_since = match book.has_pending() {
             true => waiting_since.or(Some(Instant::now())),
             false => None,
@@ -312,17 +286,6 @@ mod tests {
         // 3 is requeued: it is never covered by an ack.
         let f = b.plan(&[Settle::Requeue(3), Settle::Ack(6), Settle::Ack(7)], false);
         assert_eq!(f, vec![Requeue(3), ack(7, true)]);
-    }
-
-    #[test]
-    fn only_an_ack_above_the_prefix_counts_as_alone() {
-        let mut b = Book::default();
-        // A lone ack that continues the prefix is not held back by anything.
-        let f = b.plan(&[Settle::Ack(1)], false);
-        assert!(!alone_above(&f, b.floor()));
-        b.plan(&[Settle::Ack(3)], false);
-        let f = b.plan(&[Settle::Requeue(4)], true);
-        assert!(alone_above(&f, b.floor()), "3 went alone above open 2");
     }
 
     #[test]

@@ -11,12 +11,10 @@
 //!
 //! So the feed *rotates*: once the current consumer holds half its room in
 //! settling originals, it opens a fresh channel and consumer (a fresh
-//! prefetch) and cancels the old consumer. It rotates too when a tag stays
-//! open below acks that then go alone: a delivery begins to wait in the
-//! worker (`wait.rs`), or the channel's ack task sees its acks go alone
-//! for longer than a late answer explains (a hung attempt, `stuck.rs`).
-//! That happens at most once a second per lane (`rotation.rs`): the old
-//! channel keeps the open tag, and the fresh one's acks go in runs again. The old channel stays open, so
+//! prefetch) and cancels the old consumer. It rotates too when a delivery
+//! begins to wait in the worker (`wait.rs`), at most once a second per
+//! lane (`rotation.rs`): the old channel keeps the waiting tag open, and
+//! the fresh one's acks go in runs again. The old channel stays open, so
 //! its held originals are still acked on the channel they arrived on, and
 //! is closed once its last delivery is settled. Closing it also returns to
 //! the queue anything the broker sent after the cancel-ok, which lapin
@@ -45,7 +43,6 @@ use tracing::{debug, warn};
 
 use super::acks::{Acks, Settle};
 use super::rotation::{pick, Why};
-use super::stuck::Stuck;
 
 use crate::telemetry::{self, GaugeGuard};
 
@@ -66,10 +63,8 @@ pub(super) struct Generation {
     retired: AtomicBool,
     /// Held originals at which the feed rotates.
     threshold: usize,
-    /// An open tag blocks this channel's acks: a delivery began to wait
-    /// in the worker here ([`Lease::hold_waiting`]), or its ack task saw
-    /// acks go alone below one (`stuck.rs`).
-    blocked: Arc<AtomicBool>,
+    /// A delivery began to wait in the worker here ([`Lease::hold_waiting`]).
+    waited: AtomicBool,
     /// Wakes the pump to rotate.
     rotate: Arc<Notify>,
     /// Alive generations of the session (this one included).
@@ -127,7 +122,7 @@ impl Lease {
     /// fresh consumer's acks stay batched. [`Feed::rotate`] spaces these
     /// rotations (`rotation.rs`).
     pub fn hold_waiting(&self) -> Held {
-        self.generation.blocked.store(true, Ordering::Relaxed);
+        self.generation.waited.store(true, Ordering::Relaxed);
         self.hold_as(telemetry::WAITING, true)
     }
 
@@ -192,7 +187,7 @@ pub(super) struct Feed {
     /// Set when a rotation could not open a consumer: no more tries in
     /// this session.
     stuck: bool,
-    /// By lane index: its last rotation for an open tag ([`Why::Blocked`]).
+    /// By lane index: its last rotation for a wait ([`Lease::hold_waiting`]).
     wait_rotated: Vec<Option<Instant>>,
 }
 
@@ -261,7 +256,7 @@ impl Feed {
             .map(|g| {
                 (
                     g.held.load(Ordering::Relaxed),
-                    g.blocked.load(Ordering::Relaxed),
+                    g.waited.load(Ordering::Relaxed),
                 )
             })
             .collect();
@@ -289,7 +284,7 @@ impl Feed {
         if live >= MAX_LIVE * self.current.len() || draining || self.stuck {
             return Ok(());
         }
-        if why == Why::Blocked {
+        if why == Why::Wait {
             self.wait_rotated[lane] = Some(now);
         }
         let held = self.current[lane].held.load(Ordering::Relaxed);
@@ -354,16 +349,11 @@ impl Subscriber {
             )
             .await?;
         self.live.fetch_add(1, Ordering::Relaxed);
-        let stuck = Stuck {
-            flag: Arc::new(AtomicBool::new(false)),
-            rotate: self.rotate.clone(),
-        };
         let generation = Arc::new(Generation {
-            blocked: stuck.flag.clone(),
             acks: Acks::start(
                 channel.clone(),
                 &self.ack_tasks,
-                (self.ending.clone(), stuck),
+                self.ending.clone(),
                 self.queues[lane].clone(),
             ),
             channel,
@@ -371,6 +361,7 @@ impl Subscriber {
             held: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
             threshold: self.threshold,
+            waited: AtomicBool::new(false),
             rotate: self.rotate.clone(),
             live: self.live.clone(),
         });

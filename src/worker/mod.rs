@@ -15,7 +15,6 @@ mod record;
 mod reread;
 mod rotation;
 mod session;
-mod stuck;
 mod traced;
 mod unpark;
 mod wait;

@@ -3,30 +3,27 @@
 
 use std::time::{Duration, Instant};
 
-/// A lane rotates for an open tag at most this often: a lane where most
-/// deliveries wait (a paused endpoint's) or hang would otherwise open a
+/// A lane rotates for a wait in the worker at most this often: a lane
+/// where most deliveries wait (a paused endpoint's) would otherwise open a
 /// channel for each, and gains nothing, its acks going out of order
-/// anyway. So a bad lane keeps at most about ten consumers alive for waits
-/// (a delivery waits 10 s at most, `crate::policy::wait`), or one per
-/// second of its longest attempt (`--timeout`; `MAX_LIVE` in `feed.rs`
-/// bounds both).
-const BLOCKED_EVERY: Duration = Duration::from_secs(1);
+/// anyway. So a bad lane keeps at most about ten consumers alive (a
+/// delivery waits 10 s at most, `crate::policy::wait`).
+const WAIT_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a lane's consumer is replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Why {
     /// It holds half its room in settling originals.
     Full,
-    /// An open tag blocks its acks: a delivery began to wait in the
-    /// worker on it, or acks went alone below one (`stuck.rs`). Spaced by
-    /// [`BLOCKED_EVERY`]: the caller stamps the time.
-    Blocked,
+    /// A delivery began to wait in the worker on it (spaced by
+    /// [`WAIT_EVERY`]: the caller stamps the time).
+    Wait,
 }
 
 /// The lane to rotate and why (pure): the first whose consumer holds
-/// `threshold` or more, else the first whose consumer is blocked
-/// (`lanes[k]`: held, blocked) and had no rotation for that within
-/// [`BLOCKED_EVERY`] (`wait_rotated[k]`).
+/// `threshold` or more, else the first whose consumer had a delivery wait
+/// in the worker (`lanes[k]`: held, waited) and no rotation for a wait
+/// within [`WAIT_EVERY`] (`wait_rotated[k]`).
 pub(super) fn pick(
     lanes: &[(usize, bool)],
     wait_rotated: &[Option<Instant>],
@@ -38,10 +35,10 @@ pub(super) fn pick(
     }
     let spaced = |k: usize| {
         let last = wait_rotated.get(k).copied().flatten();
-        last.is_none_or(|at| now.saturating_duration_since(at) >= BLOCKED_EVERY)
+        last.is_none_or(|at| now.saturating_duration_since(at) >= WAIT_EVERY)
     };
     let k = (0..lanes.len()).find(|&k| lanes[k].1 && spaced(k))?;
-    Some((k, Why::Blocked))
+    Some((k, Why::Wait))
 }
 
 #[cfg(test)]
@@ -58,12 +55,12 @@ mod tests {
         let full = Some((1, Why::Full));
         assert_eq!(pick(&[(1, true), (128, false)], &never, 128, now), full);
         // A wait rotates its lane at once...
-        let wait = Some((1, Why::Blocked));
+        let wait = Some((1, Why::Wait));
         assert_eq!(pick(&[(0, false), (1, true)], &never, 128, now), wait);
-        // ...but not again within BLOCKED_EVERY; then again.
+        // ...but not again within WAIT_EVERY; then again.
         let just = [None, Some(now)];
         assert_eq!(pick(&[(0, false), (1, true)], &just, 128, now), None);
-        let later = now + BLOCKED_EVERY;
+        let later = now + WAIT_EVERY;
         assert_eq!(pick(&[(0, false), (1, true)], &just, 128, later), wait);
         // Many held without a wait (settling originals) wait for the threshold.
         assert_eq!(pick(&[(127, false)], &[None], 128, now), None);
