@@ -108,7 +108,7 @@ async fn setup_with(name: &str, other: Option<Receiver>, extra: usize, args: &[S
     };
     let app = TestApp::on(&url, name, backend);
     let rx = Receiver::start(flaky).await;
-    let mut load = load(&rx, N);
+    let mut load = load(&rx, 0..N);
     if let Some(o) = &other {
         // Spread among the others' from the start, so the other endpoint
         // competes with them while it hangs.

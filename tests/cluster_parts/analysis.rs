@@ -75,15 +75,16 @@ pub(super) fn report(
     backend: DelayBackend,
     rx: &Receiver,
     fleet: &Fleet,
-    kills: &[&Kill],
+    (kills, progress): (&[&Kill], &kills::Progress),
     t: &Tally,
     took: Duration,
 ) {
     let requests = rx.requests();
     println!(
-        "cluster node loss ({}): 5000 notifications in {:.1} s: delivered {}, dead {}, lost {}, \
-         attempts {}, duplicate successes {}, logs in {}",
+        "cluster node loss ({}): {} notifications in {:.1} s: delivered {}, dead {}, lost {}, \
+         attempts {}, duplicate successes {}, logs in {}; {progress}",
         backend.as_str(),
+        t.delivered.len() + t.dead.len() + t.lost.len(),
         took.as_secs_f64(),
         t.delivered.len(),
         t.dead.len(),

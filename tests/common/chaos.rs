@@ -47,9 +47,9 @@ pub fn is_gone(id: &str) -> bool {
         .is_ok_and(|i| i % 100 == 99)
 }
 
-/// `n` notifications with ids `c-0..`; every 100th targets `/gone`.
-pub fn load(rx: &Receiver, n: usize) -> Vec<(String, serde_json::Value)> {
-    (0..n)
+/// Notifications with ids `c-<i>` for `i` in `range`; every 100th targets `/gone`.
+pub fn load(rx: &Receiver, range: std::ops::Range<usize>) -> Vec<(String, serde_json::Value)> {
+    range
         .map(|i| {
             let id = format!("c-{i}");
             let path = if i % 100 == 99 { "/gone" } else { "/" };
