@@ -28,8 +28,13 @@ pub fn rabbitmq4() -> bool {
 /// The port a test's node really listens on: as far from its 3.10 port as
 /// the version's default node is from 5674 (4.3: 100, 4.0: 200), so one
 /// version's pass never meets another's node left running by the pass
-/// before it. Every ctl call goes through here.
+/// before it. Every ctl call goes through here. But the cluster's nodes
+/// (`tests/broker/ctl cluster`): their ports are the same under every
+/// version, one cluster at a time.
 pub fn node_port(port: u16) -> u16 {
+    if cluster::ports().contains(&port) {
+        return port;
+    }
     port + (redeliver::ops::test_rabbitmq().1 - 5674)
 }
 
