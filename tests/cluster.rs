@@ -5,8 +5,8 @@
 //! scenario: 5,000 notifications to a flaky receiver while the node that
 //! leads the work queue is killed with `kill -9` and brought back, then
 //! another (topped up to 1,500 unfinished before it, on a machine slow
-//! enough to have finished them). On the cascade, every notification must end delivered or
-//! dead-lettered. On the plugin backend, a retry that falls due while the
+//! enough to have finished them). On the cascade, every notification must
+//! end delivered or dead-lettered. On the plugin backend, a retry that falls due while the
 //! work queue has no leader is lost (the plugin routes due messages once,
 //! untracked, as upstream does): every lost one must have fallen due in
 //! such a window, and every other one must arrive. The figures (lost,
@@ -25,8 +25,8 @@
 mod common;
 
 use analysis::{
-    dead_letter_order_is_kept, duplicates_away_from_kills, lost_outside_elections,
-    replicated_everywhere, report,
+    assert_none_lost, dead_letter_order_is_kept, duplicates_away_from_kills,
+    lost_outside_elections, replicated_everywhere, report,
 };
 
 use std::sync::atomic::AtomicUsize;
@@ -38,7 +38,7 @@ use common::dead_letters::ids_of;
 use common::harness::{let_quorum_queues_age, stdout, wait_until_async};
 use common::receiver::{Receiver, Reply};
 use common::TestApp;
-use kills::{keep_going, kill_for_a_while, Kill};
+use kills::{two_leader_kills, Kill};
 use redeliver::delay::DelayBackend;
 use serde_json::Value;
 
@@ -189,6 +189,29 @@ fn paced_flaky(r: &common::receiver::Recorded) -> Reply {
     reply.delay(pace)
 }
 
+/// The node-loss workers' flags, past `--concurrency`. No per-endpoint
+/// isolation: the settle takes 10 s idle as lost, which holds only while
+/// the longest wait is a retry delay (1 s); a stalled endpoint's deferrals
+/// wait up to a minute.
+const NODE_LOSS_FLAGS: [&str; 12] = [
+    "--isolation",
+    "off",
+    "--timeout",
+    "1s",
+    "--schedule",
+    "50ms,100ms,200ms,500ms,1s",
+    "--max-attempts",
+    "15",
+    "--shutdown-grace",
+    "5s",
+    // Each backend's own `--retry-settle` (the plugin's 2 s), and a small
+    // room (the default is 1,024 past the concurrency): with the plugin,
+    // settling originals fill it and the lanes rotate through the kills,
+    // as a busy worker's do at the default room.
+    "--prefetch",
+    "100",
+];
+
 async fn node_loss_under_load(backend: DelayBackend) {
     let _one = ONE_AT_A_TIME.lock().await;
     let _down = ClusterGuard;
@@ -200,53 +223,20 @@ async fn node_loss_under_load(backend: DelayBackend) {
     let mut ids: Vec<String> = load.into_iter().map(|(id, _)| id).collect();
     let_quorum_queues_age().await;
     let c = CONCURRENCY.to_string();
-    // No per-endpoint isolation: the settle below takes 10 s idle as
-    // lost, which holds only while the longest wait is a retry delay
-    // (1 s); a stalled endpoint's deferrals wait up to a minute.
-    let args = [
-        "--concurrency",
-        &c,
-        "--isolation",
-        "off",
-        "--timeout",
-        "1s",
-        "--schedule",
-        "50ms,100ms,200ms,500ms,1s",
-        "--max-attempts",
-        "15",
-        "--shutdown-grace",
-        "5s",
-        // Each backend's own `--retry-settle` (the plugin's 2 s), and a
-        // small room (the default is 1,024 past the concurrency): with the
-        // plugin, settling originals fill it and the lanes rotate through
-        // the kills, as a busy worker's do at the default room.
-        "--prefetch",
-        "100",
-    ];
+    let args = [&["--concurrency", c.as_str()][..], &NODE_LOSS_FLAGS].concat();
     let started = Instant::now();
     let mut fleet = Fleet::start(&app, WORKERS, &args);
-    // Under load before the first kill: every worker consuming and
-    // deliveries flowing. A busy CI machine's workers were still
-    // declaring (the cascade's 120 queues on three nodes) 3 s after their
-    // start, so the kill met no load and its check below saw none.
+    // Under load before the first kill: every worker consuming (a busy CI
+    // machine's were still declaring the cascade's 120 queues 3 s after
+    // their start, and the kill met no load) and deliveries flowing.
     assert!(
         app.wait_consumer_count("work", WORKERS as u32).await,
         "the workers did not start consuming"
     );
     let flowing = wait_until_async(Duration::from_secs(60), async || rx.requests().len() >= 100);
     assert!(flowing.await, "no deliveries before the first kill");
-    // Under load a while before each kill: the chaos's own pace.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let first = leader(&app, "work", 1).expect("the work queue has a leader");
-    let k1 = kill_for_a_while(first).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let via = first % 3 + 1;
-    let now = leader(&app, "work", via).expect("the work queue has a leader");
-    let second = if now == first { via } else { now };
-    let progress = keep_going(&app, &rx, &mut ids).await;
-    let k2 = kill_for_a_while(second).await;
-    // Idle for 10 s with nothing queued or held: the longest retry delay
-    // is 1 s, so what has not arrived by then is lost.
+    let ([k1, k2], progress) = two_leader_kills(&app, &rx, &mut ids).await;
+    // 10 s idle, nothing queued or held (the longest retry delay is 1 s): lost.
     let idle = Some(Duration::from_secs(10));
     let within = Duration::from_secs(120);
     let t = settle_on(&app, &ids, &[&rx], within, &cluster::ports(), idle).await;
@@ -266,18 +256,7 @@ async fn node_loss_under_load(backend: DelayBackend) {
         .await
         .unwrap()
         .0;
-    match backend {
-        DelayBackend::Cascade => assert!(
-            t.lost.is_empty(),
-            "lost {}: {:?}",
-            t.lost.len(),
-            &t.lost[..t.lost.len().min(20)]
-        ),
-        DelayBackend::Plugin => assert!(
-            unexplained.is_empty(),
-            "lost outside a leader election: {unexplained:?}"
-        ),
-    }
+    assert_none_lost(backend, &t, &unexplained);
     t.assert_only_gone_are_permanent();
     let stray = duplicates_away_from_kills(&rx, &[&k1, &k2]);
     assert!(

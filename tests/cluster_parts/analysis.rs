@@ -22,6 +22,24 @@ pub(super) fn lost_outside_elections(
         .collect()
 }
 
+/// On the cascade nothing is lost; on the plugin backend only retries that
+/// fell due around a kill (`unexplained`: the others, from
+/// [`lost_outside_elections`]).
+pub(super) fn assert_none_lost(backend: DelayBackend, t: &Tally, unexplained: &[String]) {
+    match backend {
+        DelayBackend::Cascade => assert!(
+            t.lost.is_empty(),
+            "lost {}: {:?}",
+            t.lost.len(),
+            &t.lost[..t.lost.len().min(20)]
+        ),
+        DelayBackend::Plugin => assert!(
+            unexplained.is_empty(),
+            "lost outside a leader election: {unexplained:?}"
+        ),
+    }
+}
+
 /// Whether `at` lies within `before` ahead of a kill or `after` behind it.
 pub(super) fn due_around(
     at: std::time::SystemTime,

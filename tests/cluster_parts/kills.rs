@@ -17,7 +17,7 @@ pub(super) struct Kill {
 }
 
 /// Kills node `n` for [`OUTAGE`], then brings it back.
-pub(super) async fn kill_for_a_while(n: usize) -> Kill {
+async fn kill_for_a_while(n: usize) -> Kill {
     let (at, wall) = tokio::task::spawn_blocking(move || cluster::kill(n))
         .await
         .unwrap();
@@ -27,6 +27,25 @@ pub(super) async fn kill_for_a_while(n: usize) -> Kill {
         .await
         .unwrap();
     Kill { node: n, at, wall }
+}
+
+/// Kills the node leading the work queue's first lane, then (once it is
+/// back) the one leading it then, each after 3 s under load (the chaos's
+/// own pace), with the load topped up before the second ([`keep_going`]).
+pub(super) async fn two_leader_kills(
+    app: &TestApp,
+    rx: &Receiver,
+    ids: &mut Vec<String>,
+) -> ([Kill; 2], Progress) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = leader(app, "work", 1).expect("the work queue has a leader");
+    let k1 = kill_for_a_while(first).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let via = first % 3 + 1;
+    let now = leader(app, "work", via).expect("the work queue has a leader");
+    let second = if now == first { via } else { now };
+    let progress = keep_going(app, rx, ids).await;
+    ([k1, kill_for_a_while(second).await], progress)
 }
 
 /// How far the load had got just before the second kill.
@@ -50,7 +69,7 @@ impl fmt::Display for Progress {
 /// others', published as the first were). A slow CI machine's node restart
 /// took so long that the 5,000 were done before the second kill, which then
 /// met no load at all.
-pub(super) async fn keep_going(app: &TestApp, rx: &Receiver, ids: &mut Vec<String>) -> Progress {
+async fn keep_going(app: &TestApp, rx: &Receiver, ids: &mut Vec<String>) -> Progress {
     let finished: HashSet<String> = rx
         .requests()
         .iter()
